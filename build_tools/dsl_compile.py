@@ -1,0 +1,108 @@
+"""CuTe DSL -> PTX for one configuration. The only build module that imports cutlass.
+
+Runs in a worker process (``build.py`` fans configurations out over the cores). No GPU is
+needed: the DSL compiles against fake tensors for the architecture named in
+``CUTE_DSL_ARCH``; we keep its PTX and re-assemble it with the ptxas the user selected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+ENTRY_PREFIX = "fa4aot_"
+
+
+def entry_name(cfg, neutral: bool = True) -> str:
+    """PTX entry symbol. ``neutral=False`` keeps the DSL's ``cutlass`` component (only for the
+    ptxas register-allocation experiment of spill_report; see docs/perf-notes.md)."""
+    # The DSL appends a per-process kernel counter ("_0"): one configuration per process.
+    return f"{ENTRY_PREFIX}{cfg.name}" + ("_0" if neutral else "_cutlass_0")
+
+
+def _dynamic_smem_from_host_ir(ir_text: str) -> int:
+    """Dynamic shared memory the DSL's own host launcher would pass (launch config field 2)."""
+    cfg_ty = r"!llvm\.struct<\(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32\)>"
+    gep = re.search(r"(%\d+) = llvm\.getelementptr %\d+\[0, 2\] : \(!llvm\.ptr\) -> !llvm\.ptr, "
+                    + cfg_ty, ir_text)
+    if not gep:
+        raise RuntimeError("launch config not found in the DSL host IR")
+    store = re.search(r"llvm\.store (%\d+), " + re.escape(gep.group(1)) + r" : i64", ir_text)
+    const = store and re.search(re.escape(store.group(1)) + r" = llvm\.mlir\.constant\((\d+) : i64\)",
+                                ir_text)
+    if not const:
+        raise RuntimeError("dynamic shared memory size is not a constant in the DSL host IR")
+    return int(const.group(1))
+
+
+def compile_to_ptx(cfg_dict: dict, out_ptx: str, neutral_name: bool = True) -> dict:
+    """Compile one configuration; write its PTX to ``out_ptx``. Returns entry and smem.
+
+    Call once per process: the DSL reads its environment when cutlass is first imported."""
+    dump = tempfile.mkdtemp(prefix="fa4aot_dsl_")
+    os.environ.update(CUTE_DSL_ARCH=cfg_dict["arch"], CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=dump)
+    try:
+        return _compile(cfg_dict, out_ptx, neutral_name)
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+
+
+def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
+
+    from fa4_aot.configs import KernelConfig
+    from fa4_aot.kernels.sm90_fwd import FlashFwdSm90
+
+    cfg = KernelConfig.from_dict(cfg_dict)
+    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
+    hd = cfg.head_dim
+
+    def fake_qkv():
+        # (seqlen, d, heads, batch) with d contiguous; strides are 16-byte aligned.
+        return make_fake_tensor(
+            dt, (cute.sym_int32(), hd, cute.sym_int32(), cute.sym_int32()),
+            (cute.sym_int64(divisibility=8), 1, cute.sym_int64(divisibility=8),
+             cute.sym_int64(divisibility=8)),
+            assumed_align=16)
+
+    gmem = cute.AddressSpace.gmem
+    args = (
+        fake_qkv(), fake_qkv(), fake_qkv(),
+        make_ptr(dt, 0, gmem, assumed_align=16),
+        make_ptr(Float32, 0, gmem, assumed_align=4),
+        make_ptr(Int32, 0, gmem, assumed_align=4),
+        make_ptr(Int64, 0, gmem, assumed_align=8),
+        Int64(0), Int64(0), Int64(0),
+        *(Int32(0) for _ in range(7)),
+        Float32(0.0), Float32(0.0),
+        Int32(1),
+        make_fake_stream(),
+    )
+    entry = entry_name(cfg, neutral_name)
+    FlashFwdSm90.kernel.set_name_prefix(
+        f"{ENTRY_PREFIX}{cfg.name}", remove_cutlass_symbol=neutral_name, keep_mangled_name=False)
+    compiled = cute.compile(FlashFwdSm90(cfg), *args)
+    ptx = compiled.artifacts.PTX
+    if ptx and ".entry" not in ptx and Path(ptx).is_file():
+        ptx = Path(ptx).read_text()
+    if not ptx or ".entry" not in ptx:
+        raise RuntimeError(f"{cfg.name}: the DSL produced no PTX")
+    smem = _dynamic_smem_from_host_ir(str(compiled.ir_module))
+    found = re.search(r"\.entry\s+(\S+)\(", ptx)
+    if not found or found.group(1) != entry:
+        raise RuntimeError(f"{cfg.name}: expected entry {entry}, PTX has "
+                           f"{found.group(1) if found else 'none'}")
+    Path(out_ptx).write_text(ptx)
+    return {"entry": entry, "dynamic_smem_bytes": smem,
+            "cutlass_dsl_version": _dsl_version()}
+
+
+def _dsl_version() -> str:
+    from importlib.metadata import version
+    return version("nvidia-cutlass-dsl")

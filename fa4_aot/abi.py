@@ -1,0 +1,129 @@
+"""The launch ABI of fa4_aot kernels, defined once.
+
+The build writes :func:`launch_record` into the manifest for every kernel (and checks it
+against the ``.entry`` signature of the PTX it compiled); the runtime reads that record back and
+packs one buffer per parameter from it. Pure Python: no cutlass, no torch, no CUDA.
+
+A parameter record is a dict with ``name``, ``kind``, ``size`` and ``align`` (bytes, as in the
+PTX ``.param`` declaration) and, by kind:
+
+``tensormap``  a CUtensorMap passed by value (``.param .align 64 .b8 [128]``), built with
+               ``cuTensorMapEncodeTiled``: ``tensor`` (q/k/v), ``dims`` (the logical axes of the
+               user tensor, innermost first, from ``b``/``s``/``h``/``d``), ``box`` (elements per
+               dim), ``swizzle``, ``interleave``, ``l2_promotion``, ``oob_fill``.
+``i32_tuple``  a struct of int32 (the dynamic shape of a TMA coordinate tensor): ``values``.
+``ptr``        a 64-bit device pointer: ``value``.
+``i64``/``i32``/``f32``  one scalar: ``value``.
+``static``     a placeholder the DSL emits for compile-time objects (``.b8 [1]``): zero bytes.
+
+Value names (``values``/``value``) refer to the per-launch values the runtime computes
+(:data:`LAUNCH_VALUES` documents each).
+"""
+
+from __future__ import annotations
+
+ABI_VERSION = 1
+
+LAUNCH_VALUES = {
+    "seqlen_q": "query length",
+    "seqlen_k": "key/value length",
+    "num_heads": "query heads",
+    "num_heads_k": "key/value heads",
+    "batch": "batch size",
+    "qhead_per_kvhead": "num_heads // num_heads_k (GQA/MQA group size)",
+    "num_m_blocks": "ceil(seqlen_q / tile_m)",
+    "section": "heads*batch pairs per L2 section (fa4_aot.schedule.choose_section)",
+    "num_tiles": "num_m_blocks * num_heads * batch",
+    "softmax_scale_log2": "softmax_scale * log2(e)",
+    "softmax_scale": "softmax_scale",
+    "o_ptr": "output, (batch, seqlen_q, heads, d)",
+    "o_stride_s": "output stride of the seqlen axis, elements",
+    "o_stride_h": "output stride of the head axis, elements",
+    "o_stride_b": "output stride of the batch axis, elements",
+    "lse_ptr": "fp32 log-sum-exp, contiguous (batch, heads, seqlen_q)",
+    "sched_ptr": "int32[2] work-stealing counter (zeroed once, reset by the kernel)",
+    "trace_ptr": "int64 trace buffer (trace variant only; null otherwise)",
+}
+
+# Axis positions of the user tensors, layout (batch, seqlen, heads, head_dim).
+AXES = {"b": 0, "s": 1, "h": 2, "d": 3}
+
+# Grid rules: "tiles" launches one CTA per tile; "persistent" launches
+# min(num_tiles, ctas_per_sm * SM count of the device at launch time).
+GRID_RULES = ("tiles", "persistent")
+
+
+def _tensormap(name, tensor, dtype, box):
+    return {
+        "name": name, "kind": "tensormap", "size": 128, "align": 64,
+        "tensor": tensor, "dtype": dtype, "dims": ["d", "s", "h", "b"], "box": list(box),
+        "swizzle": "128B", "interleave": "none", "l2_promotion": "256B", "oob_fill": "zero",
+    }
+
+
+def _shape(name, values):
+    return {"name": name, "kind": "i32_tuple", "size": 4 * len(values), "align": 4,
+            "values": list(values)}
+
+
+def _scalar(kind, value):
+    size = {"ptr": 8, "i64": 8, "i32": 4, "f32": 4}[kind]
+    return {"name": value, "kind": kind, "size": size, "align": size, "value": value}
+
+
+def sm90_fwd_params(dtype: str, head_dim: int, tile_m: int, tile_n: int) -> list[dict]:
+    """Parameter list of ``FlashFwdSm90.kernel``, in order (see fa4_aot/kernels/sm90_fwd.py)."""
+    box_inner = 64  # 128-byte swizzle: 64 16-bit elements per box row; d is loaded in chunks
+    assert head_dim % box_inner == 0
+    params = [
+        _tensormap("tma_q", "q", dtype, (box_inner, tile_m, 1, 1)),
+        _shape("q_shape", ("seqlen_q", "num_heads", "batch")),
+        _tensormap("tma_k", "k", dtype, (box_inner, tile_n, 1, 1)),
+        _shape("k_shape", ("seqlen_k", "num_heads_k", "batch")),
+        _tensormap("tma_v", "v", dtype, (box_inner, tile_n, 1, 1)),
+        _shape("v_shape", ("seqlen_k", "num_heads_k", "batch")),
+        _scalar("ptr", "o_ptr"),
+        _scalar("ptr", "lse_ptr"),
+        _scalar("ptr", "sched_ptr"),
+        _scalar("ptr", "trace_ptr"),
+        _scalar("i64", "o_stride_s"),
+        _scalar("i64", "o_stride_h"),
+        _scalar("i64", "o_stride_b"),
+    ]
+    for v in ("seqlen_q", "seqlen_k", "num_heads", "qhead_per_kvhead", "num_m_blocks",
+              "section", "num_tiles"):
+        params.append(_scalar("i32", v))
+    params += [_scalar("f32", "softmax_scale_log2"), _scalar("f32", "softmax_scale")]
+    # The two tiled-MMA objects are compile-time; the DSL still declares a 1-byte param each.
+    params += [{"name": f"static_{i}", "kind": "static", "size": 1, "align": 1} for i in range(2)]
+    return params
+
+
+def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
+    """The manifest's ``launch`` record for a kernel configuration."""
+    t = cfg.tile
+    return {
+        "abi_version": ABI_VERSION,
+        "params": sm90_fwd_params(cfg.dtype, cfg.head_dim, t.m, t.n),
+        "block": [384, 1, 1],
+        "cluster": [1, 1, 1],
+        "dynamic_smem_bytes": dynamic_smem_bytes,
+        "grid": {"rule": "tiles" if cfg.scheduler == "single" else "persistent",
+                 "ctas_per_sm": 1},
+        "tile": {"m": t.m, "n": t.n},
+        "needs_counter": cfg.scheduler == "steal",
+        "trace": cfg.trace,
+    }
+
+
+def check_against_ptx(params: list[dict], ptx_params: list[dict]) -> list[str]:
+    """Differences between an ABI parameter list and the parsed PTX ``.entry`` params."""
+    problems = []
+    if len(params) != len(ptx_params):
+        problems.append(f"parameter count: ABI has {len(params)}, PTX has {len(ptx_params)}")
+    for i, (a, p) in enumerate(zip(params, ptx_params)):
+        if a["size"] != p["size"] or a["align"] != p["align"]:
+            problems.append(
+                f"param {i} ({a['name']}): ABI size/align {a['size']}/{a['align']}, "
+                f"PTX {p['size']}/{p['align']}")
+    return problems

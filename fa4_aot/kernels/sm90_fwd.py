@@ -1,0 +1,477 @@
+"""FlashAttention forward for sm_90a (Hopper), written in CuTe DSL for ahead-of-time builds.
+
+CTA = 3 warpgroups (384 threads):
+
+* warpgroup 0, the producer (24 registers after ``setmaxnreg``): warp 0 fetches tile indices
+  (see ``tile_sched.py``) and issues the TMA loads of Q (once per tile) and of K and V
+  (one n-block at a time, ``kv_stages`` deep, each on its own ``PipelineTmaAsync``);
+* warpgroups 1 and 2, the consumers (240 registers): each owns 64 rows of the 128-row m-tile.
+  S = Q K^T with wgmma (both operands in shared memory), online softmax in registers,
+  P converted to 16-bit in registers and O += P V with wgmma (A from registers).
+
+Key blocks are visited from the last to the first, so the blocks that need the causal or
+the sequence-end mask come first and the rest run unmasked.
+
+Kernel parameters (the launch ABI; ``fa4_aot/abi.py`` describes the same list for the runtime):
+TMA descriptors + coordinate shapes for Q, K, V; raw pointers for O, LSE, the scheduler counter
+and the trace buffer; O strides; then scalars. Nothing about the device (SM count) is baked in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from fa4_aot.configs import SM90_THREADS, KernelConfig
+from fa4_aot.schedule import decode_tile
+
+from .tile_sched import TILE_SLOTS, first_tile, next_tile
+
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+LOG2_E = math.log2(math.e)
+
+
+def _acc_mn_view(t: cute.Tensor) -> cute.Tensor:
+    """View a wgmma accumulator fragment ((2,2,V),M,N) as (rows, cols) of this thread."""
+    s, d = t.layout.shape, t.layout.stride
+    layout = cute.make_layout(
+        ((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
+        stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
+    )
+    return cute.make_tensor(t.iterator, layout)
+
+
+def _acc_as_a_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """Register layout of a 16-bit wgmma A fragment covering the same values as a fp32
+    accumulator fragment ((2,2,V),1,1): k16 blocks of (2,2,2) values, V/2 of them."""
+    v = acc_layout.shape[0][2]
+    return cute.make_layout(((2, 2, 2), 1, v // 2), stride=((1, 2, 4), 0, 8))
+
+
+class FlashFwdSm90:
+    def __init__(self, cfg: KernelConfig):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.hd = cfg.head_dim
+        self.tile_m = cfg.tile.m
+        self.tile_n = cfg.tile.n
+        self.kv_stages = cfg.tile.kv_stages
+        self.causal = cfg.causal
+        self.sched = cfg.scheduler
+        self.trace = cfg.trace
+        self.threads = SM90_THREADS
+        self.num_mma_wg = 2
+        assert self.tile_m == 64 * self.num_mma_wg
+        self.producer_regs = 24
+        self.mma_regs = 240
+
+    # ------------------------------------------------------------------ host side (trace only)
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (seqlen_q, d, heads, batch)
+        mK: cute.Tensor,  # (seqlen_k, d, kv_heads, batch)
+        mV: cute.Tensor,  # (seqlen_k, d, kv_heads, batch)
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        sched_ptr: cute.Pointer,
+        trace_ptr: cute.Pointer,
+        o_stride_s: Int64,
+        o_stride_h: Int64,
+        o_stride_b: Int64,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        qhead_per_kvhead: Int32,
+        num_m_blocks: Int32,
+        section: Int32,
+        num_tiles: Int32,
+        softmax_scale_log2: Float32,
+        softmax_scale: Float32,
+        grid_x: Int32,
+        stream,
+    ):
+        dt = self.dtype
+        qk_tiler = (self.tile_m, self.tile_n, self.hd)
+        pv_tiler = (self.tile_m, self.hd, self.tile_n)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            (self.num_mma_wg, 1, 1), (64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
+        )
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, self.kv_stages)
+
+        # V seen as (d, seqlen_k, kv_heads, batch): the MN-major B operand of O += P V.
+        mVt = cute.make_tensor(
+            mV.iterator,
+            cute.make_layout(
+                (mV.shape[1], mV.shape[0], mV.shape[2], mV.shape[3]),
+                stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3]),
+            ),
+        )
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(
+            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, self.hd))
+        tma_k, tK = cpasync.make_tiled_tma_atom(
+            g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, self.hd))
+        tma_v, tV = cpasync.make_tiled_tma_atom(
+            g2s, mVt, cute.slice_(sV_layout, (None, None, 0)), (self.hd, self.tile_n))
+        self.q_bytes = cute.size_in_bytes(dt, cute.slice_(sQ_layout, (None, None, 0)))
+        self.kv_bytes = cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+            mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * TILE_SLOTS]
+            tile_slot: cute.struct.MemRange[Int32, TILE_SLOTS]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        self.kernel(
+            tma_q, tQ, tma_k, tK, tma_v, tV,
+            o_ptr, lse_ptr, sched_ptr, trace_ptr,
+            o_stride_s, o_stride_h, o_stride_b,
+            seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
+            num_m_blocks, section, num_tiles,
+            softmax_scale_log2, softmax_scale,
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
+        ).launch(
+            grid=[grid_x, 1, 1],
+            block=[self.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        tma_q: cute.CopyAtom,
+        tQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        tK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        tV: cute.Tensor,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        sched_ptr: cute.Pointer,
+        trace_ptr: cute.Pointer,
+        o_stride_s: Int64,
+        o_stride_h: Int64,
+        o_stride_b: Int64,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        qhead_per_kvhead: Int32,
+        num_m_blocks: Int32,
+        section: Int32,
+        num_tiles: Int32,
+        softmax_scale_log2: Float32,
+        softmax_scale: Float32,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = warp_idx // 4
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        producer_one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_mma_wg)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
+            producer_group=producer_one, consumer_group=consumer_warps,
+            tx_count=self.q_bytes, defer_sync=True,
+        )
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages,
+            producer_group=producer_one, consumer_group=consumer_warps,
+            tx_count=self.kv_bytes, defer_sync=True,
+        )
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.kv_stages,
+            producer_group=producer_one, consumer_group=consumer_warps,
+            tx_count=self.kv_bytes, defer_sync=True,
+        )
+        pipe_tile = pipeline.PipelineAsync.create(
+            barrier_storage=storage.mbar_tile.data_ptr(), num_stages=TILE_SLOTS,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.num_mma_wg),
+            defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        slots = storage.tile_slot.get_tensor(cute.make_layout(TILE_SLOTS))
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.producer(
+                    tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, slots,
+                    pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr,
+                    seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
+                    num_m_blocks, section, num_tiles,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            self.consumer(
+                tidx - 128, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, slots,
+                pipe_q, pipe_k, pipe_v, pipe_tile,
+                o_ptr, lse_ptr, trace_ptr, o_stride_s, o_stride_h, o_stride_b,
+                seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
+                softmax_scale_log2, softmax_scale,
+            )
+
+    @cute.jit
+    def n_block_max(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+        hi = seqlen_k
+        if cutlass.const_expr(self.causal):
+            hi = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m + seqlen_k - seqlen_q)
+        return cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
+
+    # ------------------------------------------------------------------ producer warp
+    @cute.jit
+    def producer(
+        self, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, slots,
+        pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr,
+        seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, num_m_blocks, section, num_tiles,
+    ):
+        cpasync.prefetch_descriptor(tma_q)
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, TILE_SLOTS)
+        lane = cute.arch.lane_idx()
+
+        tile = first_tile()
+        running = cutlass.Boolean(True)
+        while running:
+            # Hand the tile index to the consumers (an out-of-range index tells them to stop).
+            pipe_tile.producer_acquire(tile_state)
+            if lane == 0:
+                slots[tile_state.index] = tile
+            pipe_tile.producer_commit(tile_state)
+            tile_state.advance()
+            if tile >= num_tiles:
+                running = False
+            else:
+                m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
+                kv_head = head // qhead_per_kvhead
+                gQ = cute.local_tile(tQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+                tQs, tQg = cpasync.tma_partition(
+                    tma_q, 0, cute.make_layout(1),
+                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                gK = cute.local_tile(tK[None, None, kv_head, batch], (self.tile_n, self.hd), (None, 0))
+                tKs, tKg = cpasync.tma_partition(
+                    tma_k, 0, cute.make_layout(1),
+                    cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+                gV = cute.local_tile(tV[None, None, kv_head, batch], (self.hd, self.tile_n), (0, None))
+                tVs, tVg = cpasync.tma_partition(
+                    tma_v, 0, cute.make_layout(1),
+                    cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_q, tQg, tQs[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+
+                # Fetch the next tile now: the atomic's latency hides behind this tile's loads.
+                tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
+
+                n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
+                for i in cutlass.range(n_max, unroll=1):
+                    n_block = n_max - 1 - i
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKg[None, n_block], tKs[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    cute.copy(tma_v, tVg[None, n_block], tVs[None, kv_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
+
+    # ------------------------------------------------------------------ MMA warpgroups
+    @cute.jit
+    def consumer(
+        self, tidx, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, slots,
+        pipe_q, pipe_k, pipe_v, pipe_tile,
+        o_ptr, lse_ptr, trace_ptr, o_stride_s, o_stride_h, o_stride_b,
+        seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
+        softmax_scale_log2, softmax_scale,
+    ):
+        thr_qk = tiled_mma_qk.get_slice(tidx)
+        thr_pv = tiled_mma_pv.get_slice(tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((self.tile_m, self.tile_n)))
+        acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((self.tile_m, self.hd)))
+        tOrP = cute.make_rmem_tensor(_acc_as_a_layout(acc_S.layout), self.dtype)
+        tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
+
+        # (row, col) of every accumulator element inside the tile.
+        tScS = _acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hd)))
+        acc_S_mn = _acc_mn_view(acc_S)
+        acc_O_mn = _acc_mn_view(acc_O)
+        n_rows = cute.size(acc_S_mn, mode=[0])
+        n_cols = cute.size(acc_S_mn, mode=[1])
+        row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+        row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, TILE_SLOTS)
+
+        running = cutlass.Boolean(True)
+        while running:
+            pipe_tile.consumer_wait(tile_state)
+            tile = slots[tile_state.index]
+            pipe_tile.consumer_release(tile_state)
+            tile_state.advance()
+            if tile >= num_tiles:
+                running = False
+            else:
+                m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
+                n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
+                row0 = m_block * self.tile_m
+                # Columns >= col_limit(row) are masked: sequence end and, if causal, the
+                # bottom-right aligned diagonal.
+                causal_shift = seqlen_k - seqlen_q
+                acc_O.fill(0.0)
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+
+                pipe_q.consumer_wait(q_state)
+                for i in cutlass.range(n_max, unroll=1):
+                    n_block = n_max - 1 - i
+                    col0 = n_block * self.tile_n
+                    # ---- S = Q K^T
+                    pipe_k.consumer_wait(kv_state)
+                    warpgroup.fence()
+                    for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                        cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0],
+                                  tSrK[None, None, k, kv_state.index], acc_S)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(kv_state)
+
+                    # ---- mask (only blocks that touch the sequence end or the diagonal)
+                    need_mask = col0 + self.tile_n > seqlen_k
+                    if cutlass.const_expr(self.causal):
+                        need_mask = need_mask or (col0 + self.tile_n > row0 + causal_shift + 1)
+                    if need_mask:
+                        for r in cutlass.range_constexpr(n_rows):
+                            limit = seqlen_k
+                            if cutlass.const_expr(self.causal):
+                                limit = cutlass.min(
+                                    seqlen_k, row0 + tScS[r, 0][0] + causal_shift + 1)
+                            for c in cutlass.range_constexpr(n_cols):
+                                if col0 + tScS[0, c][1] >= limit:
+                                    acc_S_mn[r, c] = -Float32.inf
+
+                    # ---- online softmax (log2 domain)
+                    for r in cutlass.range_constexpr(n_rows):
+                        m_old = row_max[r]
+                        m_new = m_old
+                        for c in cutlass.range_constexpr(n_cols):
+                            m_new = cute.arch.fmax(m_new, acc_S_mn[r, c])
+                        m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=1))
+                        m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=2))
+                        row_max[r] = m_new
+                        m_safe = m_new
+                        if m_new == -Float32.inf:
+                            m_safe = Float32(0.0)
+                        shift = m_safe * softmax_scale_log2
+                        rescale = cute.math.exp2(m_old * softmax_scale_log2 - shift, fastmath=True)
+                        s = Float32(0.0)
+                        for c in cutlass.range_constexpr(n_cols):
+                            p = cute.math.exp2(
+                                acc_S_mn[r, c] * softmax_scale_log2 - shift, fastmath=True)
+                            acc_S_mn[r, c] = p
+                            s = s + p
+                        row_sum[r] = row_sum[r] * rescale + s
+                        for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                            acc_O_mn[r, c] = acc_O_mn[r, c] * rescale
+
+                    tOrP_as_acc.store(acc_S.load().to(self.dtype))
+
+                    # ---- O += P V
+                    pipe_v.consumer_wait(kv_state)
+                    warpgroup.fence()
+                    for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k],
+                                  tOrV[None, None, k, kv_state.index], acc_O)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(kv_state)
+                    kv_state.advance()
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
+
+                self.epilogue(
+                    tidx, acc_O, acc_O_mn, tOcO, row_max, row_sum, o_ptr, lse_ptr,
+                    o_stride_s, o_stride_h, o_stride_b,
+                    m_block, head, batch, seqlen_q, num_heads, softmax_scale,
+                )
+
+    @cute.jit
+    def epilogue(self, tidx, acc_O, acc_O_mn, tOcO, row_max, row_sum, o_ptr, lse_ptr,
+                 o_stride_s, o_stride_h, o_stride_b,
+                 m_block, head, batch, seqlen_q, num_heads, softmax_scale):
+        n_rows = cute.size(acc_O_mn, mode=[0])
+        tOcO_mn = _acc_mn_view(tOcO)
+        row0 = m_block * self.tile_m
+        lse_base = (batch * num_heads + head) * seqlen_q
+        for r in cutlass.range_constexpr(n_rows):
+            total = row_sum[r]
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+            inv = Float32(0.0)
+            lse = -Float32.inf
+            if total > 0.0:
+                inv = cute.arch.rcp_approx(total)
+                lse = row_max[r] * softmax_scale + cute.math.log(total, fastmath=True)
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * inv
+            row = row0 + tOcO_mn[r, 0][0]
+            if tidx % 4 == 0 and row < seqlen_q:
+                lse_t = cute.make_tensor(lse_ptr + (lse_base + row), cute.make_layout(1))
+                lse_t[0] = lse
+
+        rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        o_off = Int64(head) * o_stride_h + Int64(batch) * o_stride_b + Int64(row0) * o_stride_s
+        gO = cute.make_tensor(o_ptr + o_off,
+                              cute.make_layout((self.tile_m, self.hd), stride=(o_stride_s, 1)))
+        for i in cutlass.range_constexpr(cute.size(rO)):
+            rr, cc = tOcO[i]
+            if row0 + rr < seqlen_q:
+                gO[rr, cc] = rO[i]

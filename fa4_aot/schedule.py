@@ -1,0 +1,63 @@
+"""Tile order shared by the host, the tests and every kernel.
+
+A forward launch covers ``num_m_blocks x num_heads x batch`` output tiles. Each kernel turns a
+linear tile index into ``(m_block, head, batch)`` with :func:`decode_tile`; the same function
+runs on Python ints here (tests, trace rendering) and on DSL ``Int32`` values inside the
+kernels (it uses only ``*``, ``//`` and ``-``), so the decode the H200 exercises is the decode
+the sm_100a CLC kernel uses.
+
+Order (longest-processing-time first, L2-aware):
+
+* The ``num_heads * batch`` (head, batch) pairs are cut into *sections* of ``section`` pairs,
+  ``section`` dividing ``num_heads * batch`` exactly (no ragged tail, so no branch in the
+  decode). Sections run one after another, so the K/V of the heads in flight fit in L2.
+* Inside a section, m-blocks go from the last (the heaviest under a causal mask: it sees the
+  most keys) to the first, and for each m-block all pairs of the section in turn.
+
+For non-causal attention every tile costs the same and the order only serves L2 reuse.
+"""
+
+from __future__ import annotations
+
+# Share of the 50 MB (H100) / 60 MB (H200) L2 we plan K/V residency for.
+L2_BUDGET_BYTES = 32 * 1024 * 1024
+
+
+def decode_tile(idx, num_m_blocks, num_heads, section):
+    """Linear tile index -> (m_block, head, batch). Works on ints and on DSL Int32."""
+    per_section = num_m_blocks * section
+    sec = idx // per_section
+    r = idx - sec * per_section
+    m_rev = r // section
+    hb = sec * section + (r - m_rev * section)
+    m_block = num_m_blocks - 1 - m_rev
+    batch = hb // num_heads
+    head = hb - batch * num_heads
+    return m_block, head, batch
+
+
+def choose_section(num_heads: int, batch: int, seqlen_k: int, head_dim: int, elem_bytes: int,
+                   qhead_per_kvhead: int = 1, l2_budget: int = L2_BUDGET_BYTES) -> int:
+    """Largest divisor of ``num_heads * batch`` whose K/V working set fits the L2 budget."""
+    hb = num_heads * batch
+    kv_bytes_per_q_head = 2 * seqlen_k * head_dim * elem_bytes / max(qhead_per_kvhead, 1)
+    cap = max(1, int(l2_budget // max(kv_bytes_per_q_head, 1)))
+    best = 1
+    d = 1
+    while d * d <= hb:
+        if hb % d == 0:
+            for c in (d, hb // d):
+                if best < c <= cap:
+                    best = c
+        d += 1
+    return best
+
+
+def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,
+                 causal: bool) -> int:
+    """Key blocks an m-block visits (python mirror of the kernels' loop bound)."""
+    if causal:
+        hi = min(seqlen_k, (m_block + 1) * tile_m + seqlen_k - seqlen_q)
+    else:
+        hi = seqlen_k
+    return max(0, -(-hi // tile_n))

@@ -1,0 +1,52 @@
+"""Reference attention and the FlashAttention correctness rule (used by tests and benchmarks).
+
+ref    = attention in fp32 on upcast inputs;
+out_pt = the same math in the input dtype.
+Pass when max|out - ref| <= 2 * max|out_pt - ref| + 2 * max|(ref + 0.3 - 0.3) - ref|.
+NaN never passes. Causal with seqlen_q != seqlen_k is bottom-right aligned; fully masked rows
+give output 0 and LSE -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
+    """q (b, sq, h, d); k, v (b, sk, hk, d). Returns (out (b, sq, h, d), lse (b, h, sq))."""
+    import torch
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if h != hk:
+        k = k.repeat_interleave(h // hk, dim=2)
+        v = v.repeat_interleave(h // hk, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    s = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
+    if causal:
+        row = torch.arange(sq, device=q.device).view(-1, 1)
+        col = torch.arange(sk, device=q.device).view(1, -1)
+        s = s.masked_fill(col > row + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(s.float(), dim=-1)
+    p = torch.softmax(s, dim=-1)
+    p = torch.nan_to_num(p, nan=0.0)  # fully masked rows -> 0
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+    return out.to(dtype) if not upcast else out, lse
+
+
+def check_close(out, ref, ref_pt, what="out"):
+    """Assert the FA rule; returns the numbers for reporting."""
+    import torch
+    out, ref, ref_pt = out.float(), ref.float(), ref_pt.float()
+    if torch.isnan(out).any():
+        raise AssertionError(f"{what}: NaN in output")
+    err = (out - ref).abs().max().item()
+    err_pt = (ref_pt - ref).abs().max().item()
+    err_rt = ((ref + 0.3 - 0.3) - ref).abs().max().item()
+    bound = 2 * err_pt + 2 * err_rt
+    if not err <= bound:
+        raise AssertionError(f"{what}: max|out-ref| = {err:.3e} > bound {bound:.3e} "
+                             f"(max|out_pt-ref| = {err_pt:.3e})")
+    return err, bound
