@@ -7,8 +7,9 @@
     python build_tools/spill_report.py --fail-on-spill      # exit 1 when anything spills
 
 A kernel *spills* when ptxas reports spill bytes or its SASS has LDL/STL (under
-setmaxnreg the per-role spills only show as LDL/STL).  Exit status: 0 fine, 1 spills
-with --fail-on-spill, 2 bad input (one-line error).
+setmaxnreg the per-role spills only show as LDL/STL).  When the manifest's PTX is
+re-assembled, the shipped figures still count for --fail-on-spill.  Exit status: 0
+fine, 1 spills with --fail-on-spill, 2 bad input (one-line error).
 
 Library use: :func:`assemble_matrix` assembles PTX files with several ptxas versions
 and inspects the cubins (one row per entry × version); :func:`pick_best` chooses a
@@ -30,9 +31,10 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 if __package__ in (None, ""):  # run as `python build_tools/spill_report.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,8 +42,8 @@ if __package__ in (None, ""):  # run as `python build_tools/spill_report.py`
 from build_tools.inspect_cubin import inspect_cubin, ptx_target, verify_ptxas  # noqa: E402
 from build_tools.toolchain import (  # noqa: E402
     DEFAULT_PTXAS,
-    ToolchainError,
     Toolchain,
+    ToolchainError,
     assemble,
     check_ptxas_release,
     fit_ptx_isa,
@@ -121,10 +123,6 @@ def _assemble_one(tc: Toolchain, ptx: Path, workdir: Path) -> list[dict]:
     return _entry_rows(info, _file_label(ptx), "assembled", ptx)
 
 
-def _pool(jobs: int | None) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1)
-
-
 def assemble_matrix(
     ptx_paths: Iterable[str | os.PathLike],
     versions: Sequence[str],
@@ -142,12 +140,14 @@ def assemble_matrix(
     paths = list(dict.fromkeys(Path(p) for p in ptx_paths))
     for version in versions:
         check_ptxas_release(version, allow_isa_rewrite)
-    with _pool(jobs) as pool, tempfile.TemporaryDirectory(prefix="fa4-spill-") as tmp:
+    get_inspect_tools()  # once, before the per-version fetches below share it
+    pool = ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1)
+    with pool, tempfile.TemporaryDirectory(prefix="fa4-spill-") as tmp:
         tcs = list(pool.map(lambda v: get_toolchain(v, allow_isa_rewrite), versions))
-        jobs_list = [(tc, ptx, Path(tmp) / f"{i}-{j}") for i, ptx in enumerate(paths) for j, tc in enumerate(tcs)]
-        for _, _, workdir in jobs_list:
+        tasks = [(tc, ptx, Path(tmp) / f"{i}-{j}") for i, ptx in enumerate(paths) for j, tc in enumerate(tcs)]
+        for _, _, workdir in tasks:
             workdir.mkdir()
-        results = pool.map(lambda job: _assemble_one(*job), jobs_list)
+        results = pool.map(lambda task: _assemble_one(*task), tasks)
         return [row for rows in results for row in rows]
 
 
@@ -192,7 +192,7 @@ def pick_best(rows_for_one_kernel: Sequence[dict[str, Any]]) -> tuple[str, str]:
         return best, f"fewest LDL+STL: {b['local_ops']} vs {r['local_ops']} with {runner}"
     if b["registers"] != r["registers"]:
         return best, f"fewest registers: {b['registers']} vs {r['registers']} with {runner}"
-    return best, f"ties with {runner} on spills, LDL+STL and registers ({b['registers']}); newest"
+    return best, f"ties with {runner} on spilling, LDL+STL and registers ({b['registers']}); newest"
 
 
 # --------------------------------------------------------------------------- inputs
@@ -231,7 +231,7 @@ def reassembled_manifest_rows(manifest_path: Path, versions: Sequence[str], **kw
         if not ptx.is_file():
             raise ReportError(f"kernel {name}: PTX {ptx} does not exist")
         wanted[(ptx, record.get("entry"))] = name
-    rows = assemble_matrix({ptx for ptx, _ in wanted}, versions, **kwargs)
+    rows = assemble_matrix((ptx for ptx, _ in wanted), versions, **kwargs)
     out = []
     for row in rows:
         ptx = Path(row["path"])
@@ -291,11 +291,22 @@ def _cell(row: dict) -> str:
 MATRIX_LEGEND = "cell = registers / spill bytes (stores+loads) / LDL+STL count; ! = spills"
 
 
-def _matrix_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
-    versions = sorted({r["ptxas_version"] for r in rows}, key=lambda v: version_key(v) if v else ())
-    by_kernel: dict[str, dict[str, dict]] = {}
+def _versions(rows: list[dict]) -> list[str]:
+    """The full ptxas versions present, oldest first."""
+    return sorted({r["ptxas_version"] for r in rows}, key=lambda v: version_key(v) if v else ())
+
+
+def _by_kernel(rows: list[dict], field: str) -> dict[str, dict[str, dict]]:
+    """{kernel: {row[field]: row}}, kernels in first-seen order."""
+    grouped: dict[str, dict[str, dict]] = {}
     for r in rows:
-        by_kernel.setdefault(r["kernel"], {})[r["ptxas_version"]] = r
+        grouped.setdefault(r["kernel"], {})[r[field]] = r
+    return grouped
+
+
+def _matrix_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
+    versions = _versions(rows)
+    by_kernel = _by_kernel(rows, "ptxas_version")
     headers = ["!", "kernel", "arch", *versions, "best"]
     body, marks = [], []
     for kernel, cells in by_kernel.items():
@@ -317,11 +328,11 @@ def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: s
     numeric = [i for i, h in enumerate(headers) if h not in ("!", "kernel", "arch", "best")]
 
     def line(cells: list[str]) -> str:
-        parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "  ".join(parts).rstrip()
 
     lines = [line(headers), line(["-" * w for w in widths])]
-    for row, bad in zip(body, marks):
+    for row, bad in zip(body, marks, strict=True):
         text = line(row)
         lines.append(f"\033[1;31m{text}\033[0m" if colour and bad else text)
     return "\n".join(lines)
@@ -346,11 +357,8 @@ def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False) -> st
 
 def changed_rows(rows: list[dict], release_a: str, release_b: str) -> list[dict]:
     """Rows of the kernels whose figures differ between two ptxas releases."""
-    by_kernel: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by_kernel.setdefault(r["kernel"], {})[r["ptxas_release"]] = r
     keep = set()
-    for kernel, cells in by_kernel.items():
+    for kernel, cells in _by_kernel(rows, "ptxas_release").items():
         a, b = cells.get(release_a), cells.get(release_b)
         if a is None or b is None or any(a[k] != b[k] for k in RESOURCE_FIELDS):
             keep.add(kernel)
@@ -366,8 +374,10 @@ def write_png(rows: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ReportError("--png needs matplotlib (pip install matplotlib)") from exc
+    if not rows:
+        raise ReportError("--png: no kernels to plot")
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
-    versions = sorted({r["ptxas_version"] for r in rows}, key=lambda v: version_key(v) if v else ())
+    versions = _versions(rows)
     grid = [[0.0] * len(versions) for _ in kernels]
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(versions), 1 + 0.45 * len(kernels)))
     for r in rows:
@@ -425,7 +435,7 @@ def _collect(args: argparse.Namespace) -> tuple[list[dict], list[dict], bool]:
 
     for path in args.paths:
         if not path.is_file():
-            raise ReportError(f"{path} does not exist")
+            raise ReportError(f"{path}: no such file")
         if path.suffix not in (".ptx", ".cubin"):
             raise ReportError(f"{path}: expected a .ptx or .cubin file")
     ptx = [p for p in args.paths if p.suffix == ".ptx"]
@@ -442,7 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.diff:
             rows = changed_rows(rows, *args.diff)
         colour = args.format == "table" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        print(render(rows, args.format, matrix, colour))
+        if args.diff and not rows and args.format in ("table", "md"):
+            print(f"no kernel changes between ptxas {args.diff[0]} and {args.diff[1]}")
+        else:
+            print(render(rows, args.format, matrix, colour))
         if args.png:
             write_png(rows, args.png)
     except (ReportError, ToolchainError, OSError, ValueError) as exc:

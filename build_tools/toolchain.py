@@ -41,9 +41,9 @@ import sys
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 __all__ = [
     "SUPPORTED_PTXAS",
@@ -128,7 +128,7 @@ class InspectTools:
 
 
 def version_key(version: str) -> tuple[int, ...]:
-    """"13.1.115" → (13, 1, 115), for ordering versions."""
+    """Sort key of a dotted version: "13.1.115" → (13, 1, 115)."""
     return tuple(int(p) for p in version.split("."))
 
 

@@ -100,7 +100,7 @@ def test_required_ptx_isa_of_dsl_ptx():
 def test_rewrite_ptx_isa_changes_only_the_header():
     rewritten = rewrite_ptx_isa(WG_PTX, "8.7")
     assert required_ptx_isa(rewritten) == "8.7"
-    changed = [(a, b) for a, b in zip(WG_PTX.splitlines(), rewritten.splitlines()) if a != b]
+    changed = [(a, b) for a, b in zip(WG_PTX.splitlines(), rewritten.splitlines(), strict=True) if a != b]
     assert changed == [(".version 8.8", ".version 8.7")]
     assert len(rewritten) == len(WG_PTX)
     with pytest.raises(ToolchainError):

@@ -55,6 +55,18 @@ def _acc_as_a_layout(acc_layout: cute.Layout) -> cute.Layout:
     return cute.make_layout(((2, 2, 2), 1, v // 2), stride=((1, 2, 4), 0, 8))
 
 
+def _frag_row(tidx, r):
+    """Row (inside the 128-row tile) of row ``r`` (0 or 1) of a wgmma m64 accumulator held by
+    consumer thread ``tidx`` (0..255): warpgroup * 64 + warp * 16 + lane / 4 + 8 * r."""
+    return (tidx // 128) * 64 + ((tidx % 128) // 32) * 16 + (tidx % 32) // 4 + 8 * r
+
+
+def _frag_col_static(c: int) -> int:
+    """Static part of the column of value ``c`` in an accumulator row (the thread adds
+    2 * (lane % 4)): values come in pairs of adjacent columns, pairs 8 columns apart."""
+    return (c // 2) * 8 + c % 2
+
+
 class FlashFwdSm90:
     def __init__(self, cfg: KernelConfig):
         self.cfg = cfg
@@ -324,6 +336,10 @@ class FlashFwdSm90:
         seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
         softmax_scale_log2, softmax_scale,
     ):
+        """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
+        back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
+        The two MMA warpgroups take turns issuing (ping-pong through named barriers), so one's
+        softmax overlaps the other's tensor-core work."""
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -334,19 +350,24 @@ class FlashFwdSm90:
         tOrP = cute.make_rmem_tensor(_acc_as_a_layout(acc_S.layout), self.dtype)
         tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
 
-        # (row, col) of every accumulator element inside the tile.
-        tScS = _acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hd)))
+        # Coordinates of the accumulator values are computed from tidx where needed (an
+        # identity-tensor partition gets hoisted into ~100 live registers and spills).
         acc_S_mn = _acc_mn_view(acc_S)
         acc_O_mn = _acc_mn_view(acc_O)
         n_rows = cute.size(acc_S_mn, mode=[0])
-        n_cols = cute.size(acc_S_mn, mode=[1])
         row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
         row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+        row_scale = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, TILE_SLOTS)
+
+        wg = tidx // 128  # 0 or 1 among the MMA warpgroups
+        if wg == 0:
+            # Ping-pong: warpgroup 0 issues first.
+            cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
 
         running = cutlass.Boolean(True)
         while running:
@@ -360,94 +381,136 @@ class FlashFwdSm90:
                 m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
                 n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
                 row0 = m_block * self.tile_m
-                # Columns >= col_limit(row) are masked: sequence end and, if causal, the
-                # bottom-right aligned diagonal.
-                causal_shift = seqlen_k - seqlen_q
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
-
                 pipe_q.consumer_wait(q_state)
-                for i in cutlass.range(n_max, unroll=1):
-                    n_block = n_max - 1 - i
-                    col0 = n_block * self.tile_n
-                    # ---- S = Q K^T
-                    pipe_k.consumer_wait(kv_state)
-                    warpgroup.fence()
-                    for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                        cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0],
-                                  tSrK[None, None, k, kv_state.index], acc_S)
-                    warpgroup.commit_group()
+                if n_max > 0:
+                    # First (last-in-sequence) block: always masked.
+                    pipe_k.consumer_wait(k_state)
+                    self.pingpong_wait(wg)
+                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                    self.pingpong_signal(wg)
                     warpgroup.wait_group(0)
-                    pipe_k.consumer_release(kv_state)
-
-                    # ---- mask (only blocks that touch the sequence end or the diagonal)
-                    need_mask = col0 + self.tile_n > seqlen_k
-                    if cutlass.const_expr(self.causal):
-                        need_mask = need_mask or (col0 + self.tile_n > row0 + causal_shift + 1)
-                    if need_mask:
-                        for r in cutlass.range_constexpr(n_rows):
-                            limit = seqlen_k
-                            if cutlass.const_expr(self.causal):
-                                limit = cutlass.min(
-                                    seqlen_k, row0 + tScS[r, 0][0] + causal_shift + 1)
-                            for c in cutlass.range_constexpr(n_cols):
-                                if col0 + tScS[0, c][1] >= limit:
-                                    acc_S_mn[r, c] = -Float32.inf
-
-                    # ---- online softmax (log2 domain)
-                    for r in cutlass.range_constexpr(n_rows):
-                        m_old = row_max[r]
-                        m_new = m_old
-                        for c in cutlass.range_constexpr(n_cols):
-                            m_new = cute.arch.fmax(m_new, acc_S_mn[r, c])
-                        m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=1))
-                        m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=2))
-                        row_max[r] = m_new
-                        m_safe = m_new
-                        if m_new == -Float32.inf:
-                            m_safe = Float32(0.0)
-                        shift = m_safe * softmax_scale_log2
-                        rescale = cute.math.exp2(m_old * softmax_scale_log2 - shift, fastmath=True)
-                        s = Float32(0.0)
-                        for c in cutlass.range_constexpr(n_cols):
-                            p = cute.math.exp2(
-                                acc_S_mn[r, c] * softmax_scale_log2 - shift, fastmath=True)
-                            acc_S_mn[r, c] = p
-                            s = s + p
-                        row_sum[r] = row_sum[r] * rescale + s
-                        for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                            acc_O_mn[r, c] = acc_O_mn[r, c] * rescale
-
+                    pipe_k.consumer_release(k_state)
+                    k_state.advance()
+                    self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0,
+                                    seqlen_q, seqlen_k)
+                    self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, softmax_scale_log2)
                     tOrP_as_acc.store(acc_S.load().to(self.dtype))
-
-                    # ---- O += P V
-                    pipe_v.consumer_wait(kv_state)
-                    warpgroup.fence()
-                    for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k],
-                                  tOrV[None, None, k, kv_state.index], acc_O)
-                    warpgroup.commit_group()
+                    for i in cutlass.range(1, n_max, unroll=1):
+                        n_block = n_max - 1 - i
+                        col0 = n_block * self.tile_n
+                        pipe_k.consumer_wait(k_state)
+                        pipe_v.consumer_wait(v_state)
+                        self.pingpong_wait(wg)
+                        self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                        self.pingpong_signal(wg)
+                        warpgroup.wait_group(1)
+                        pipe_k.consumer_release(k_state)
+                        k_state.advance()
+                        need_mask = col0 + self.tile_n > seqlen_k
+                        if cutlass.const_expr(self.causal):
+                            need_mask = need_mask or (
+                                col0 + self.tile_n > row0 + seqlen_k - seqlen_q + 1)
+                        if need_mask:
+                            self.apply_mask(acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k)
+                        self.online_softmax(acc_S_mn, row_max, row_sum, row_scale,
+                                            softmax_scale_log2)
+                        warpgroup.wait_group(0)
+                        pipe_v.consumer_release(v_state)
+                        v_state.advance()
+                        for r in cutlass.range_constexpr(n_rows):
+                            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                        tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                    # Last PV.
+                    pipe_v.consumer_wait(v_state)
+                    self.pingpong_wait(wg)
+                    self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                    self.pingpong_signal(wg)
                     warpgroup.wait_group(0)
-                    pipe_v.consumer_release(kv_state)
-                    kv_state.advance()
+                    pipe_v.consumer_release(v_state)
+                    v_state.advance()
                 pipe_q.consumer_release(q_state)
                 q_state.advance()
-
                 self.epilogue(
-                    tidx, acc_O, acc_O_mn, tOcO, row_max, row_sum, o_ptr, lse_ptr,
+                    tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
                     o_stride_s, o_stride_h, o_stride_b,
                     m_block, head, batch, seqlen_q, num_heads, softmax_scale,
                 )
 
+    def pingpong_wait(self, wg):
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
+
+    def pingpong_signal(self, wg):
+        cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
+
     @cute.jit
-    def epilogue(self, tidx, acc_O, acc_O_mn, tOcO, row_max, row_sum, o_ptr, lse_ptr,
+    def gemm_qk(self, tiled_mma, acc, tSrQ, tSrK, stage):
+        """acc = Q K^T (zero-initialised by the first k-block). A fresh MMA atom per call keeps
+        the accumulate flag a local value."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            atom.set(warpgroup.Field.ACCUMULATE, k != 0)
+            cute.gemm(atom, acc, tSrQ[None, None, k, 0], tSrK[None, None, k, stage], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def gemm_pv(self, tiled_mma, acc, tOrP, tOrV, stage):
+        """acc += P V."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            cute.gemm(atom, acc, tOrP[None, None, k], tOrV[None, None, k, stage], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def apply_mask(self, acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k):
+        """-inf where col >= seqlen_k or, if causal, col > row + seqlen_k - seqlen_q."""
+        thr_col = col0 + 2 * (tidx % 4)
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            limit = seqlen_k - thr_col
+            if cutlass.const_expr(self.causal):
+                limit = cutlass.min(
+                    limit, row0 + _frag_row(tidx, r) + seqlen_k - seqlen_q + 1 - thr_col)
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                if _frag_col_static(c) >= limit:
+                    acc_S_mn[r, c] = -Float32.inf
+
+    @cute.jit
+    def online_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2):
+        """S -> P = exp2(S * scale_log2 - rowmax * scale_log2) in place; row_scale gets the
+        factor the running O must be multiplied by."""
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            m_old = row_max[r]
+            m_new = m_old
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                m_new = cute.arch.fmax(m_new, acc_S_mn[r, c])
+            m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=1))
+            m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=2))
+            row_max[r] = m_new
+            m_safe = m_new
+            if m_new == -Float32.inf:
+                m_safe = Float32(0.0)
+            shift = m_safe * scale_log2
+            rescale = cute.math.exp2(m_old * scale_log2 - shift, fastmath=True)
+            s = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - shift, fastmath=True)
+                acc_S_mn[r, c] = p
+                s = s + p
+            row_sum[r] = row_sum[r] * rescale + s
+            row_scale[r] = rescale
+
+    @cute.jit
+    def epilogue(self, tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
                  o_stride_s, o_stride_h, o_stride_b,
                  m_block, head, batch, seqlen_q, num_heads, softmax_scale):
         n_rows = cute.size(acc_O_mn, mode=[0])
-        tOcO_mn = _acc_mn_view(tOcO)
         row0 = m_block * self.tile_m
         lse_base = (batch * num_heads + head) * seqlen_q
         for r in cutlass.range_constexpr(n_rows):
@@ -461,17 +524,24 @@ class FlashFwdSm90:
                 lse = row_max[r] * softmax_scale + cute.math.log(total, fastmath=True)
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv
-            row = row0 + tOcO_mn[r, 0][0]
+            row = row0 + _frag_row(tidx, r)
             if tidx % 4 == 0 and row < seqlen_q:
                 lse_t = cute.make_tensor(lse_ptr + (lse_base + row), cute.make_layout(1))
                 lse_t[0] = lse
 
         rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
+        # Adjacent columns pairs (c, c+1) sit next to each other in the fragment: store them as
+        # one 32-bit word (the runtime requires 16-byte aligned output strides).
+        rO32 = cute.recast_tensor(rO, cutlass.Uint32)
         o_off = Int64(head) * o_stride_h + Int64(batch) * o_stride_b + Int64(row0) * o_stride_s
-        gO = cute.make_tensor(o_ptr + o_off,
-                              cute.make_layout((self.tile_m, self.hd), stride=(o_stride_s, 1)))
-        for i in cutlass.range_constexpr(cute.size(rO)):
-            rr, cc = tOcO[i]
+        gO32 = cute.make_tensor(
+            cute.recast_ptr(o_ptr + o_off, dtype=cutlass.Uint32),
+            cute.make_layout((self.tile_m, self.hd // 2), stride=(o_stride_s // 2, 1)))
+        rO32_mn = _acc_mn_view(rO32)  # (2 rows, hd/8 column pairs)
+        pair0 = tidx % 4
+        for r in cutlass.range_constexpr(cute.size(rO32_mn, mode=[0])):
+            rr = _frag_row(tidx, r)
             if row0 + rr < seqlen_q:
-                gO[rr, cc] = rO[i]
+                for j in cutlass.range_constexpr(cute.size(rO32_mn, mode=[1])):
+                    gO32[rr, pair0 + 4 * j] = rO32_mn[r, j]

@@ -1,0 +1,303 @@
+"""build_tools/spill_report.py: report formats and errors on a synthetic manifest (no
+network), version picking, and an end-to-end run with ptxas 13.0 and 13.1 fetched from
+PyPI (skipped, saying why, when PyPI cannot be reached; cached in $FA4_AOT_CACHE)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from build_tools import spill_report as sr
+from build_tools import toolchain as tcm
+from build_tools.inspect_cubin import parse_ptx_entries
+from build_tools.spill_report import assemble_matrix, changed_rows, main, pick_best, render
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+WG_PTX = FIXTURES / "wg_gemm.sm_90a.ptx"
+PRESSURE_PTX = FIXTURES / "pressure_maxnreg32.sm_90a.ptx"
+(WG_ENTRY,) = parse_ptx_entries(WG_PTX.read_text())
+
+
+def resources(regs=168, spill_st=0, spill_ld=0, ldl=0, stl=0):
+    return {"registers": regs, "stack_frame": spill_st, "spill_store_bytes": spill_st,
+            "spill_load_bytes": spill_ld, "ldl": ldl, "stl": stl, "shared_bytes": 164864}  # fmt: skip
+
+
+def kernel_record(name: str, res: dict, entry: str | None = None, ptx: str | None = None) -> dict:
+    return {
+        "config": {"head_dim": 128},
+        "arch": "sm_90a",
+        "entry": entry or f"fa4aot_{name}_0",
+        "ptx": ptx or f"sm_90a/{name}.ptx",
+        "cubin": f"sm_90a/{name}.cubin",
+        "sha256": "0" * 64,
+        "ptxas_version": "13.1.115",
+        "resources": res,
+    }
+
+
+def write_manifest(folder: Path, kernels: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "manifest.json"
+    build = {"ptxas_version": "13.1.115", "ptxas_release": "13.1"}
+    path.write_text(json.dumps({"schema_version": 1, "build": build, "kernels": kernels}))
+    return path
+
+
+@pytest.fixture
+def manifest(tmp_path) -> Path:
+    return write_manifest(tmp_path / "artifacts", {
+        "fwd_clean": kernel_record("fwd_clean", resources()),
+        "fwd_role_spill": kernel_record("fwd_role_spill", resources(regs=240, ldl=12, stl=8)),
+        "fwd_spill": kernel_record("fwd_spill", resources(regs=255, spill_st=64, spill_ld=96, ldl=4, stl=4)),
+    })  # fmt: skip
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def test_table_marks_spilling_kernels(capsys, manifest):
+    rc, out, err = run(capsys, "--manifest", manifest)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["!", "kernel", "arch", "regs", "stack", "spill", "st", "spill", "ld",
+                                "LDL", "STL", "smem", "ptxas"]  # fmt: skip
+    rows = {line.split()[-10]: line for line in lines[2:]}
+    assert rows["fwd_clean"].startswith(" ")
+    assert rows["fwd_role_spill"].startswith("!")  # LDL/STL alone count as spilling
+    assert rows["fwd_spill"].startswith("!")
+    assert rows["fwd_spill"].split()[-10:] == ["fwd_spill", "sm_90a", "255", "64", "64", "96", "4", "4",
+                                              "164864", "13.1.115"]  # fmt: skip
+    assert "\033[" not in out  # not a terminal: no colour
+
+
+def test_colour_only_on_spilling_rows(manifest):
+    rows = sr.shipped_rows(manifest)
+    coloured = [line for line in render(rows, "table", matrix=False, colour=True).splitlines() if "\033[" in line]
+    assert len(coloured) == 2 and all("spill" in line for line in coloured)
+
+
+def test_markdown(capsys, manifest):
+    rc, out, _ = run(capsys, "--manifest", manifest, "--format", "md")
+    lines = out.splitlines()
+    assert rc == 0
+    assert lines[0].startswith("| ! | kernel | arch | regs |") and set(lines[1]) == {"|", "-"}
+    assert len(lines) == 2 + 3 and "| ! | fwd_spill | sm_90a | 255 |" in out
+
+
+def test_json(capsys, manifest):
+    rc, out, _ = run(capsys, "--manifest", manifest, "--format", "json")
+    rows = {r["kernel"]: r for r in json.loads(out)}
+    assert rc == 0 and set(rows) == {"fwd_clean", "fwd_role_spill", "fwd_spill"}
+    r = rows["fwd_role_spill"]
+    assert (r["source"], r["entry"], r["ptxas_version"], r["ptxas_release"]) == (
+        "shipped", "fa4aot_fwd_role_spill_0", "13.1.115", "13.1")
+    assert (r["registers"], r["ldl"], r["stl"], r["spill_store_bytes"]) == (240, 12, 8, 0)
+    assert r["path"] == str(manifest.parent / "sm_90a" / "fwd_role_spill.cubin")
+
+
+def test_csv(capsys, manifest):
+    rc, out, _ = run(capsys, "--manifest", manifest, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rc == 0 and [r["kernel"] for r in rows] == ["fwd_clean", "fwd_role_spill", "fwd_spill"]
+    assert rows[2]["spill_load_bytes"] == "96" and rows[0]["arch"] == "sm_90a"
+
+
+def test_fail_on_spill_names_the_kernels(capsys, manifest, tmp_path):
+    rc, _, err = run(capsys, "--manifest", manifest, "--fail-on-spill")
+    assert rc == 1
+    assert "fwd_role_spill (ptxas 13.1.115) spills: 0 B stores, 0 B loads, 12 LDL, 8 STL" in err
+    assert "fwd_spill" in err and "fwd_clean" not in err
+    clean = write_manifest(tmp_path / "clean", {"fwd_clean": kernel_record("fwd_clean", resources())})
+    assert run(capsys, "--manifest", clean, "--fail-on-spill")[0] == 0
+
+
+def test_png_heatmap(capsys, manifest, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "spills.png"
+    rc, _, _ = run(capsys, "--manifest", manifest, "--png", png)
+    assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_without_matplotlib(capsys, manifest, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    rc, _, err = run(capsys, "--manifest", manifest, "--png", tmp_path / "x.png")
+    assert rc == 2 and "needs matplotlib" in err
+
+
+def test_runs_as_a_script_with_the_default_manifest(manifest):
+    # `python build_tools/spill_report.py` from a folder holding artifacts/manifest.json
+    proc = subprocess.run([sys.executable, str(ROOT / "build_tools" / "spill_report.py"), "--format", "json"],
+                          cwd=manifest.parents[1], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)) == 3
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--manifest", "{tmp}/none.json"], "no manifest at"),
+        (["--manifest", "{tmp}/bad.json"], "is not a fa4_aot manifest"),
+        (["{tmp}/missing.ptx"], "missing.ptx: no such file"),
+        (["{tmp}/bad.json"], "expected a .ptx or .cubin file"),
+        (["--ptxas", "13.9", str(WG_PTX)], "unknown ptxas version '13.9'; valid: 12.9, 13.0"),
+        (["--ptxas", "12.8", str(WG_PTX)], "the minimum ptxas is 12.9"),
+        (["--ptxas", "13.1", "--diff", "13.0", "13.1"], "use either --ptxas or --diff"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, message):
+    (tmp_path / "bad.json").write_text("{not json")
+    rc, out, err = run(capsys, *(a.format(tmp=tmp_path) for a in argv))
+    assert rc == 2 and out == ""
+    assert err.startswith("spill_report: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_manifest_kernel_without_kept_ptx(capsys, tmp_path):
+    record = kernel_record("k", resources())
+    del record["ptx"]
+    path = write_manifest(tmp_path, {"k": record})
+    rc, _, err = run(capsys, "--manifest", path, "--ptxas", "13.1")
+    assert rc == 2 and "kernel k has no kept PTX" in err
+
+
+# --------------------------------------------------------------------------- picking
+
+
+def row(release: str, regs=90, spill=0, ldl=0, stl=0, entry="e") -> dict:
+    version = {"12.9": "12.9.86", "13.0": "13.0.88", "13.1": "13.1.115", "13.2": "13.2.86"}[release]
+    return {"kernel": "k", "entry": entry, "arch": "sm_90a", "ptxas_version": version, "ptxas_release": release,
+            **resources(regs, spill, spill, ldl, stl)}  # fmt: skip
+
+
+def test_pick_best_prefers_no_spills_over_fewer_local_ops():
+    rows = [row("13.0", spill=0, ldl=30), row("13.1", spill=8, ldl=2)]
+    assert pick_best(rows) == ("13.0", "no spills (13.1 spills 16 bytes)")
+
+
+def test_pick_best_then_fewest_local_ops_then_registers_then_newest():
+    assert pick_best([row("13.0", ldl=4), row("13.1", ldl=2, stl=3)]) == ("13.0", "fewest LDL+STL: 4 vs 5 with 13.1")
+    assert pick_best([row("12.9", regs=96), row("13.1", regs=90), row("13.0", regs=90)])[0] == "13.1"
+    assert pick_best([row("12.9", regs=88), row("13.1", regs=90)]) == (
+        "12.9", "fewest registers: 88 vs 90 with 13.1")
+    best, reason = pick_best([row("13.2"), row("13.0"), row("13.1")])
+    assert best == "13.2" and reason.endswith("newest")
+    assert pick_best([row("13.1")]) == ("13.1", "only version tried")
+
+
+def test_pick_best_sums_entries_of_one_version():
+    rows = [row("13.0", ldl=1, entry="a"), row("13.0", ldl=1, entry="b"), row("13.1", ldl=3, entry="a"),
+            row("13.1", entry="b")]  # fmt: skip
+    assert pick_best(rows)[0] == "13.0"  # 2 vs 3 LDL in total
+
+
+def test_changed_rows_keeps_only_differing_kernels():
+    rows = [row("13.0") | {"kernel": "same"}, row("13.1") | {"kernel": "same"},
+            row("13.0") | {"kernel": "diff"}, row("13.1", regs=96) | {"kernel": "diff"}]  # fmt: skip
+    assert {r["kernel"] for r in changed_rows(rows, "13.0", "13.1")} == {"diff"}
+
+
+def test_matrix_render():
+    rows = [row("13.0", spill=4), row("13.1")]
+    text = render(rows, "table", matrix=True)
+    header, _, line = text.splitlines()[:3]
+    assert header.split() == ["!", "kernel", "arch", "13.0.88", "13.1.115", "best"]
+    assert line.split() == ["!", "k", "sm_90a", "90/8/0", "!", "90/0/0", "13.1"]
+    assert text.endswith(sr.MATRIX_LEGEND)
+
+
+# --------------------------------------------------------------------------- real toolchains
+
+
+@pytest.fixture(scope="module")
+def toolchains() -> dict:
+    """ptxas 13.0 and 13.1 (+ cuobjdump/nvdisasm) from PyPI, or a skip saying why."""
+    try:
+        return {release: tcm.get_toolchain(release) for release in ("13.0", "13.1")}
+    except tcm.FetchError as exc:
+        pytest.skip(f"PyPI unreachable, cannot fetch the toolchains: {exc}")
+
+
+def test_real_toolchains_are_cached(toolchains, monkeypatch):
+    assert toolchains["13.0"].ptxas_version.startswith("13.0.")
+    assert toolchains["13.1"].ptxas_version.startswith("13.1.")
+    assert toolchains["13.1"].cuobjdump_version == tcm.CUOBJDUMP_VERSION
+
+    def no_pip(*args):
+        raise AssertionError("cache hit expected")
+
+    monkeypatch.setattr(tcm, "_pip_download", no_pip)
+    assert tcm.get_toolchain("13.1") == toolchains["13.1"]
+
+
+def test_end_to_end_two_versions(toolchains, capsys):
+    rows = assemble_matrix([PRESSURE_PTX, WG_PTX], ["13.0", "13.1"])
+    assert [(r["kernel"].split(":")[0], r["ptxas_release"]) for r in rows] == [
+        ("pressure_maxnreg32", "13.0"), ("pressure_maxnreg32", "13.0"),
+        ("pressure_maxnreg32", "13.1"), ("pressure_maxnreg32", "13.1"),
+        ("wg_gemm", "13.0"), ("wg_gemm", "13.1"),
+    ]  # fmt: skip
+    by_key = {(r["kernel"], r["ptxas_release"]): r for r in rows}
+    for release, tc in toolchains.items():
+        wg = by_key[("wg_gemm", release)]
+        assert wg["ptxas_version"] == tc.ptxas_version and wg["source"] == "assembled"
+        assert (wg["registers"], wg["ldl"], wg["stl"], wg["spill_store_bytes"]) == (232, 0, 0, 0)
+        pressure = [r for (k, rel), r in by_key.items() if "pressure_kernel" in k and rel == release][0]
+        assert pressure["spill_store_bytes"] > 0 and pressure["ldl"] > 0 and pressure["registers"] == 32
+    assert pick_best([r for r in rows if r["kernel"] == "wg_gemm"])[0] == "13.1"
+
+    rc, out, _ = run(capsys, PRESSURE_PTX, WG_PTX, "--ptxas", "13.0", "13.1")
+    assert rc == 0
+    assert out.splitlines()[0].split() == ["!", "kernel", "arch", toolchains["13.0"].ptxas_version,
+                                           toolchains["13.1"].ptxas_version, "best"]  # fmt: skip
+    assert "232/0/0" in out and sr.MATRIX_LEGEND in out
+
+    rc, _, err = run(capsys, PRESSURE_PTX, WG_PTX, "--ptxas", "13.0", "13.1", "--fail-on-spill")
+    assert rc == 1 and "pressure_kernel" in err and "wg_gemm" not in err
+
+    rc, out, _ = run(capsys, WG_PTX, "--diff", "13.0", "13.1", "--format", "json")
+    assert rc == 0 and json.loads(out) == []  # same figures from both versions
+
+
+def test_manifest_reassembly_uses_kernel_names(toolchains, capsys, tmp_path):
+    shutil.copy(WG_PTX, tmp_path / "wg.ptx")
+    path = write_manifest(tmp_path, {"fwd_wg": kernel_record("fwd_wg", resources(), WG_ENTRY, "wg.ptx")})
+    rc, out, _ = run(capsys, "--manifest", path, "--ptxas", "13.0", "13.1", "--format", "json")
+    rows = json.loads(out)
+    assert rc == 0 and [(r["kernel"], r["ptxas_release"]) for r in rows] == [("fwd_wg", "13.0"), ("fwd_wg", "13.1")]
+
+
+def test_cubins_inspected_directly(toolchains, capsys):
+    rc, out, _ = run(capsys, FIXTURES / "pressure_maxnreg32.ptxas-13.1.115.cubin", "--format", "json")
+    rows = {r["entry"]: r for r in json.loads(out)}
+    assert rc == 0
+    pressure = next(r for e, r in rows.items() if "pressure_kernel" in e)
+    assert (pressure["ldl"], pressure["stl"], pressure["ptxas_version"]) == (168, 126, "13.1.115")
+    assert pressure["spill_store_bytes"] is None  # no -v log for a finished cubin
+
+    rc, out, err = run(capsys, FIXTURES / "wg_gemm.dsl-embedded.cubin")
+    assert rc == 2 and out == "" and "has no .note.nv.tkinfo" in err and err.count("\n") == 1
+
+
+def test_ptxas_failure_carries_its_message(toolchains, tmp_path):
+    bad = tmp_path / "bad.ptx"
+    bad.write_text(WG_PTX.read_text().replace("setmaxnreg.inc.sync.aligned.u32", "setmaxnreg.bogus.u32"))
+    with pytest.raises(tcm.ToolchainError, match=r"ptxas 13\.1\.\d+ failed(.|\n)*bad\.ptx"):
+        tcm.assemble(toolchains["13.1"], bad, tmp_path / "bad.cubin")
