@@ -69,12 +69,13 @@ def run_case(b, h, s, d, causal, iters, providers):
     fl = flops(b, h, s, s, d, causal)
     for prov in providers:
         if prov.startswith("fa4_aot"):
-            sched = prov.split(":")[1]
+            # fa4_aot:<scheduler>[:<variant>]  (variants: experiment builds, see build.py)
+            _, sched, *var = prov.split(":")
             if d not in (64, 128):
                 row[prov] = None
                 continue
-            fn = lambda i, sched=sched: fa4_aot.attention(*sets[i % n_sets], causal=causal,
-                                                          scheduler=sched)
+            fn = lambda i, sched=sched, var=(var[0] if var else ""): fa4_aot.attention(
+                *sets[i % n_sets], causal=causal, scheduler=sched, _variant=var)
         else:
             backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[prov]
 
@@ -96,6 +97,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--providers", default="fa4_aot:single,fa4_aot:static,fa4_aot:steal,cudnn,flash")
     ap.add_argument("--json")
+    ap.add_argument("--shapes", help="B,H,S,D[,c] list separated by ';' instead of --set")
     a = ap.parse_args(argv)
     providers = a.providers.split(",")
     cases = []
@@ -103,6 +105,11 @@ def main(argv=None):
         cases += [(b, h, s, d, c) for b, h, s, d in ANCHORS for c in (False, True)]
     if a.set in ("imbalanced", "all"):
         cases += [(b, h, s, d, True) for b, h, s, d in IMBALANCED]
+    if a.shapes:
+        cases = []
+        for item in a.shapes.split(";"):
+            f = item.split(",")
+            cases.append((int(f[0]), int(f[1]), int(f[2]), int(f[3]), len(f) > 4 and f[4] == "c"))
     rows = []
     for b, h, s, d, c in cases:
         rows.append(run_case(b, h, s, d, c, a.iters, providers))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import json
 import os
@@ -130,7 +131,7 @@ def _progress(done: int, total: int, name: str, status: str, t0: float):
 
 
 def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
-          allow_isa_rewrite: bool) -> int:
+          allow_isa_rewrite: bool, variants: list[str] = ()) -> int:
     dsl_version = _installed_dsl_version()
     if dsl_version != CUTLASS_DSL_PIN:
         print(f"warning: nvidia-cutlass-dsl {dsl_version} installed, pinned {CUTLASS_DSL_PIN}",
@@ -147,7 +148,10 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
               "asked (--allow-isa-rewrite). ptxas still validates every instruction; the "
               "manifest records the rewrite.", file=sys.stderr)
 
-    configs = [c for c in CONFIG_SPACE if not only or re.search(only, c.name)]
+    space = list(CONFIG_SPACE)
+    for v in variants:  # experiment builds: the same configurations with a kernel variant
+        space += [dataclasses.replace(c, variant=v) for c in CONFIG_SPACE if not c.trace]
+    configs = [c for c in space if not only or re.search(only, c.name)]
     if not configs:
         print(f"error: --only {only!r} matches no configuration", file=sys.stderr)
         return 2
@@ -192,7 +196,7 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
                 _progress(done, len(todo), cfg.name, "FAILED", t0)
 
     kernels = {**{k: v for k, v in old_kernels.items() if k not in results}, **kept, **results}
-    known = {c.name for c in CONFIG_SPACE}
+    known = {c.name for c in space}
     kernels = {k: kernels[k] for k in sorted(kernels) if k in known}
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -253,10 +257,14 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-isa-rewrite", action="store_true",
                     help="allow ptxas 12.8 by rewriting the PTX .version header (loudly warned)")
     ap.add_argument("--check-reproducible", action="store_true")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated experimental kernel variants to build too (use with "
+                         "--out elsewhere; see FlashFwdSm90 for the tokens)")
     a = ap.parse_args(argv)
     if a.check_reproducible:
         return check_reproducible(a.ptxas, a.jobs, a.only)
-    return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite)
+    variants = [v for v in a.variants.split(",") if v]
+    return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite, variants)
 
 
 if __name__ == "__main__":

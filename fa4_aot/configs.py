@@ -47,6 +47,9 @@ class KernelConfig:
     causal: bool
     scheduler: str
     trace: bool = False
+    # Experimental kernel variant (tokens joined by "-", e.g. "noovl-nopp"); "" = the shipped
+    # kernel. Variants are built on demand for measurements (build.py --variants), never shipped.
+    variant: str = ""
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -70,12 +73,14 @@ class KernelConfig:
             f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{mask}_{self.scheduler}"
             f"_m{t.m}n{t.n}s{t.kv_stages}"
         )
-        return name + ("_trace" if self.trace else "")
+        name += "_trace" if self.trace else ""
+        return name + ("_v_" + self.variant.replace("-", "_") if self.variant else "")
 
     @property
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
-        return (self.arch, self.dtype, self.head_dim, self.causal, self.scheduler, self.trace)
+        return (self.arch, self.dtype, self.head_dim, self.causal, self.scheduler, self.trace,
+                self.variant)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

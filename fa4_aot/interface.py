@@ -118,7 +118,8 @@ def grid_size(rule: dict, num_tiles: int, sms: int) -> int:
 
 
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
-              return_lse: bool = False, scheduler: str = "auto", *, out=None, _trace=None):
+              return_lse: bool = False, scheduler: str = "auto", *, out=None, _trace=None,
+              _variant: str = ""):
     """Attention forward. q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k,
     heads_k, head_dim), heads a multiple of heads_k. bf16 or fp16 on a CUDA device.
 
@@ -134,9 +135,11 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if out is None:
         out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     elif not (isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-              and out.device == q.device and out.stride(-1) == 1):
-        raise ValueError("out must be a tensor with q's shape, dtype and device and a contiguous "
-                         f"last dim; got {getattr(out, 'shape', out)!r}")
+              and out.device == q.device and out.stride(-1) == 1
+              and all(out.stride(i) % 8 == 0 for i in range(3)) and out.data_ptr() % 16 == 0):
+        raise ValueError("out must be a tensor with q's shape, dtype and device, a contiguous last "
+                         "dim and 16-byte aligned strides and data pointer; got "
+                         f"{getattr(out, 'shape', out)!r} strides {getattr(out, 'stride', lambda: None)()}")
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     if b == 0 or sq == 0 or h == 0:
         return (out, lse) if return_lse else out
@@ -148,7 +151,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     arch = _device_arch(q.device)
     manifest = load_manifest()
     name, rec = manifest.find(arch, _torch_dtypes()[q.dtype], d, causal, sched,
-                              trace=_trace is not None)
+                              trace=_trace is not None, variant=_variant)
     launch = rec["launch"]
     kernel = runtime.get_kernel(q.device.index, name, manifest.cubin_bytes(name), rec)
 

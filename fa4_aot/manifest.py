@@ -53,8 +53,8 @@ class Manifest:
         self._lock = threading.Lock()
 
     def find(self, arch: str, dtype: str, head_dim: int, causal: bool, scheduler: str,
-             trace: bool = False) -> tuple[str, dict]:
-        name = self._by_key.get((arch, dtype, head_dim, causal, scheduler, trace))
+             trace: bool = False, variant: str = "") -> tuple[str, dict]:
+        name = self._by_key.get((arch, dtype, head_dim, causal, scheduler, trace, variant))
         if name is None:
             avail = sorted({(c["arch"], c["dtype"], c["head_dim"])
                             for c in (r["config"] for r in self.kernels.values())})

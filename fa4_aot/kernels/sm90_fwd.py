@@ -55,6 +55,17 @@ def _acc_as_a_layout(acc_layout: cute.Layout) -> cute.Layout:
     return cute.make_layout(((2, 2, 2), 1, v // 2), stride=((1, 2, 4), 0, 8))
 
 
+def _tree(op, vals):
+    """Pairwise reduction (depth log2(n) instead of a chain of n dependent ops)."""
+    vals = list(vals)
+    while len(vals) > 1:
+        nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0]
+
+
 def _frag_row(tidx, r):
     """Row (inside the 128-row tile) of row ``r`` (0 or 1) of a wgmma m64 accumulator held by
     consumer thread ``tidx`` (0..255): warpgroup * 64 + warp * 16 + lane / 4 + 8 * r."""
@@ -83,6 +94,13 @@ class FlashFwdSm90:
         assert self.tile_m == 64 * self.num_mma_wg
         self.producer_regs = 24
         self.mma_regs = 240
+        # Experimental switches (KernelConfig.variant tokens), all on in the shipped kernels.
+        tokens = set(filter(None, cfg.variant.split("-")))
+        unknown = tokens - {"noovl", "nopp"}
+        if unknown:
+            raise ValueError(f"unknown kernel variant tokens {sorted(unknown)}")
+        self.intra_wg_overlap = "noovl" not in tokens
+        self.pingpong = "nopp" not in tokens
 
     # ------------------------------------------------------------------ host side (trace only)
     @cute.jit
@@ -365,7 +383,7 @@ class FlashFwdSm90:
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, TILE_SLOTS)
 
         wg = tidx // 128  # 0 or 1 among the MMA warpgroups
-        if wg == 0:
+        if wg == 0 and cutlass.const_expr(self.pingpong):
             # Ping-pong: warpgroup 0 issues first.
             cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
 
@@ -385,29 +403,64 @@ class FlashFwdSm90:
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 pipe_q.consumer_wait(q_state)
-                if n_max > 0:
-                    # First (last-in-sequence) block: always masked.
-                    pipe_k.consumer_wait(k_state)
-                    self.pingpong_wait(wg)
-                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                    self.pingpong_signal(wg)
-                    warpgroup.wait_group(0)
-                    pipe_k.consumer_release(k_state)
-                    k_state.advance()
-                    self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0,
-                                    seqlen_q, seqlen_k)
-                    self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, softmax_scale_log2)
-                    tOrP_as_acc.store(acc_S.load().to(self.dtype))
-                    for i in cutlass.range(1, n_max, unroll=1):
+                if cutlass.const_expr(self.intra_wg_overlap):
+                    if n_max > 0:
+                        # First (last-in-sequence) block: always masked.
+                        pipe_k.consumer_wait(k_state)
+                        self.pingpong_wait(wg)
+                        self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                        self.pingpong_signal(wg)
+                        warpgroup.wait_group(0)
+                        pipe_k.consumer_release(k_state)
+                        k_state.advance()
+                        self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0,
+                                        seqlen_q, seqlen_k)
+                        self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, softmax_scale_log2)
+                        tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                        for i in cutlass.range(1, n_max, unroll=1):
+                            n_block = n_max - 1 - i
+                            col0 = n_block * self.tile_n
+                            pipe_k.consumer_wait(k_state)
+                            pipe_v.consumer_wait(v_state)
+                            self.pingpong_wait(wg)
+                            self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                            self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                            self.pingpong_signal(wg)
+                            warpgroup.wait_group(1)
+                            pipe_k.consumer_release(k_state)
+                            k_state.advance()
+                            need_mask = col0 + self.tile_n > seqlen_k
+                            if cutlass.const_expr(self.causal):
+                                need_mask = need_mask or (
+                                    col0 + self.tile_n > row0 + seqlen_k - seqlen_q + 1)
+                            if need_mask:
+                                self.apply_mask(acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k)
+                            self.online_softmax(acc_S_mn, row_max, row_sum, row_scale,
+                                                softmax_scale_log2)
+                            warpgroup.wait_group(0)
+                            pipe_v.consumer_release(v_state)
+                            v_state.advance()
+                            for r in cutlass.range_constexpr(n_rows):
+                                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                            tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                        # Last PV.
+                        pipe_v.consumer_wait(v_state)
+                        self.pingpong_wait(wg)
+                        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                        self.pingpong_signal(wg)
+                        warpgroup.wait_group(0)
+                        pipe_v.consumer_release(v_state)
+                        v_state.advance()
+                else:
+                    for i in cutlass.range(n_max, unroll=1):
                         n_block = n_max - 1 - i
                         col0 = n_block * self.tile_n
                         pipe_k.consumer_wait(k_state)
-                        pipe_v.consumer_wait(v_state)
                         self.pingpong_wait(wg)
                         self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
                         self.pingpong_signal(wg)
-                        warpgroup.wait_group(1)
+                        warpgroup.wait_group(0)
                         pipe_k.consumer_release(k_state)
                         k_state.advance()
                         need_mask = col0 + self.tile_n > seqlen_k
@@ -418,21 +471,17 @@ class FlashFwdSm90:
                             self.apply_mask(acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k)
                         self.online_softmax(acc_S_mn, row_max, row_sum, row_scale,
                                             softmax_scale_log2)
-                        warpgroup.wait_group(0)
-                        pipe_v.consumer_release(v_state)
-                        v_state.advance()
                         for r in cutlass.range_constexpr(n_rows):
                             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                                 acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
                         tOrP_as_acc.store(acc_S.load().to(self.dtype))
-                    # Last PV.
-                    pipe_v.consumer_wait(v_state)
-                    self.pingpong_wait(wg)
-                    self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
-                    self.pingpong_signal(wg)
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(v_state)
-                    v_state.advance()
+                        pipe_v.consumer_wait(v_state)
+                        self.pingpong_wait(wg)
+                        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                        self.pingpong_signal(wg)
+                        warpgroup.wait_group(0)
+                        pipe_v.consumer_release(v_state)
+                        v_state.advance()
                 pipe_q.consumer_release(q_state)
                 q_state.advance()
                 self.epilogue(
@@ -442,10 +491,12 @@ class FlashFwdSm90:
                 )
 
     def pingpong_wait(self, wg):
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
 
     def pingpong_signal(self, wg):
-        cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
 
     @cute.jit
     def gemm_qk(self, tiled_mma, acc, tSrQ, tSrK, stage):
@@ -487,9 +538,8 @@ class FlashFwdSm90:
         factor the running O must be multiplied by."""
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             m_old = row_max[r]
-            m_new = m_old
-            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                m_new = cute.arch.fmax(m_new, acc_S_mn[r, c])
+            n_cols = cute.size(acc_S_mn, mode=[1])
+            m_new = cute.arch.fmax(m_old, _tree(cute.arch.fmax, [acc_S_mn[r, c] for c in range(n_cols)]))
             m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=1))
             m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=2))
             row_max[r] = m_new
@@ -498,11 +548,9 @@ class FlashFwdSm90:
                 m_safe = Float32(0.0)
             shift = m_safe * scale_log2
             rescale = cute.math.exp2(m_old * scale_log2 - shift, fastmath=True)
-            s = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - shift, fastmath=True)
-                acc_S_mn[r, c] = p
-                s = s + p
+            for c in cutlass.range_constexpr(n_cols):
+                acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - shift, fastmath=True)
+            s = _tree(lambda a, b: a + b, [acc_S_mn[r, c] for c in range(n_cols)])
             row_sum[r] = row_sum[r] * rescale + s
             row_scale[r] = rescale
 
@@ -534,6 +582,11 @@ class FlashFwdSm90:
         # Adjacent columns pairs (c, c+1) sit next to each other in the fragment: store them as
         # one 32-bit word (the runtime requires 16-byte aligned output strides).
         rO32 = cute.recast_tensor(rO, cutlass.Uint32)
+        # The runtime guarantees 16-byte aligned output strides: tell the compiler, so the
+        # 32-bit stores below stay 32-bit.
+        o_stride_s = cute.assume(o_stride_s, divby=8)
+        o_stride_h = cute.assume(o_stride_h, divby=8)
+        o_stride_b = cute.assume(o_stride_b, divby=8)
         o_off = Int64(head) * o_stride_h + Int64(batch) * o_stride_b + Int64(row0) * o_stride_s
         gO32 = cute.make_tensor(
             cute.recast_ptr(o_ptr + o_off, dtype=cutlass.Uint32),

@@ -1,0 +1,57 @@
+"""The configuration space and the shared tile decode (CPU)."""
+
+import pytest
+
+from fa4_aot.configs import CONFIG_SPACE, KernelConfig
+from fa4_aot.schedule import choose_section, decode_tile, num_n_blocks
+
+
+def test_names_unique_and_stable():
+    names = [c.name for c in CONFIG_SPACE]
+    assert len(names) == len(set(names))
+    assert KernelConfig("sm_90a", "bf16", 128, True, "steal").name == \
+        "fwd_sm_90a_bf16_hd128_causal_steal_m128n128s2"
+
+
+def test_roundtrip_dict():
+    for c in CONFIG_SPACE:
+        assert KernelConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("dtype", "fp32"), ("head_dim", 96),
+                                         ("scheduler", "magic")])
+def test_invalid_config_rejected(field, value):
+    kw = dict(arch="sm_90a", dtype="bf16", head_dim=64, causal=False, scheduler="single")
+    kw[field] = value
+    with pytest.raises(ValueError, match=field):
+        KernelConfig(**kw)
+
+
+@pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (64, 16, 2), (3, 17, 1)])
+def test_decode_is_a_bijection_in_lpt_order(num_m, heads, batch):
+    for section in {d for d in range(1, heads * batch + 1) if (heads * batch) % d == 0}:
+        seen = []
+        for idx in range(num_m * heads * batch):
+            m, h, b = decode_tile(idx, num_m, heads, section)
+            assert 0 <= m < num_m and 0 <= h < heads and 0 <= b < batch
+            seen.append((m, h, b))
+        assert len(set(seen)) == len(seen)
+        # longest first inside each section: m-blocks never increase within a section
+        per = num_m * section
+        for s0 in range(0, len(seen), per):
+            ms = [m for m, _, _ in seen[s0:s0 + per]]
+            assert ms == sorted(ms, reverse=True)
+
+
+def test_choose_section_divides_and_fits():
+    for heads, batch, sk in [(16, 2, 8192), (17, 1, 512), (32, 32, 1024), (1, 1, 1 << 20)]:
+        s = choose_section(heads, batch, sk, 128, 2)
+        assert (heads * batch) % s == 0 and s >= 1
+
+
+def test_num_n_blocks_causal_bottom_right():
+    assert num_n_blocks(0, 128, 128, 128, 128, True) == 1
+    assert num_n_blocks(0, 128, 128, 100, 300, True) == 3   # sk > sq: shifted diagonal
+    assert num_n_blocks(0, 128, 128, 300, 100, True) == 0   # rows 0..127 see no key
+    assert num_n_blocks(2, 128, 128, 300, 100, True) == 1
+    assert num_n_blocks(5, 128, 128, 1000, 1000, False) == 8

@@ -1,0 +1,129 @@
+"""The shipped manifest: schema, files, sha256, ptxas version, and the launch ABI against the
+PTX entry signatures (CPU)."""
+
+import hashlib
+import json
+
+import pytest
+
+from build_tools.inspect_cubin import parse_ptx_entries
+from conftest import ROOT
+from fa4_aot import abi
+from fa4_aot.configs import CONFIG_SPACE, KernelConfig
+from fa4_aot.manifest import Manifest, ManifestError
+
+jsonschema = pytest.importorskip("jsonschema")
+
+ART = ROOT / "artifacts"
+MANIFEST = json.loads((ART / "manifest.json").read_text())
+
+PARAM = {
+    "type": "object",
+    "required": ["name", "kind", "size", "align"],
+    "properties": {
+        "kind": {"enum": ["tensormap", "i32_tuple", "ptr", "i64", "i32", "f32", "static"]},
+        "size": {"type": "integer", "minimum": 1},
+        "align": {"type": "integer", "minimum": 1},
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "required": ["schema_version", "build", "kernels"],
+    "properties": {
+        "schema_version": {"const": 1},
+        "build": {
+            "type": "object",
+            "required": ["cutlass_dsl_version", "ptxas_release", "ptxas_version",
+                         "ptx_isa_accepted", "ptx_isa_rewritten", "cuobjdump_version",
+                         "source_fingerprint", "abi_version"],
+        },
+        "kernels": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["config", "arch", "entry", "ptx", "cubin", "sha256", "ptxas_version",
+                             "resources", "launch", "fingerprint"],
+                "properties": {
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "resources": {
+                        "type": "object",
+                        "required": ["registers", "stack_frame", "spill_store_bytes",
+                                     "spill_load_bytes", "ldl", "stl", "shared_bytes", "threads"],
+                    },
+                    "launch": {
+                        "type": "object",
+                        "required": ["params", "block", "cluster", "dynamic_smem_bytes", "grid"],
+                        "properties": {"params": {"type": "array", "items": PARAM}},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_manifest_schema():
+    jsonschema.validate(MANIFEST, SCHEMA)
+
+
+def test_manifest_covers_config_space():
+    shipped = {n for n, r in MANIFEST["kernels"].items() if not r["config"].get("variant")}
+    assert shipped == {c.name for c in CONFIG_SPACE}
+
+
+def test_pins_recorded():
+    b = MANIFEST["build"]
+    assert b["cutlass_dsl_version"] == "4.8.1"
+    assert b["ptxas_release"] == "13.1" and b["ptxas_version"].startswith("13.1.")
+    for rec in MANIFEST["kernels"].values():
+        assert rec["ptxas_version"] == b["ptxas_version"]
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST["kernels"]))
+def test_files_and_sha256(name):
+    rec = MANIFEST["kernels"][name]
+    data = (ART / rec["cubin"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == rec["sha256"]
+    assert (ART / rec["ptx"]).is_file()
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST["kernels"]))
+def test_launch_abi_matches_ptx_entry(name):
+    """The runtime packs parameters from this record: count, sizes and alignment must equal
+    the PTX .entry signature."""
+    rec = MANIFEST["kernels"][name]
+    entries = parse_ptx_entries((ART / rec["ptx"]).read_text())
+    assert list(entries) == [rec["entry"]]
+    assert abi.check_against_ptx(rec["launch"]["params"], entries[rec["entry"]]) == []
+    cfg = KernelConfig.from_dict(rec["config"])
+    assert rec["launch"] == abi.launch_record(cfg, rec["launch"]["dynamic_smem_bytes"])
+
+
+def test_check_against_ptx_reports_differences():
+    params = abi.sm90_fwd_params("bf16", 128, 128, 128)
+    ptx = [{"size": p["size"], "align": p["align"]} for p in params]
+    assert abi.check_against_ptx(params, ptx) == []
+    ptx[1] = {"size": 16, "align": 4}
+    assert "param 1" in abi.check_against_ptx(params, ptx)[0]
+    assert "count" in abi.check_against_ptx(params, ptx[:-1])[0]
+
+
+def test_sha256_mismatch_detected(tmp_path):
+    import shutil
+    shutil.copytree(ART, tmp_path / "a")
+    name = sorted(MANIFEST["kernels"])[0]
+    cubin = tmp_path / "a" / MANIFEST["kernels"][name]["cubin"]
+    cubin.write_bytes(cubin.read_bytes()[:-1] + b"\x00")
+    m = Manifest(tmp_path / "a")
+    with pytest.raises(ManifestError, match="corrupt"):
+        m.cubin_bytes(name)
+    cubin.unlink()
+    m = Manifest(tmp_path / "a")
+    with pytest.raises(ManifestError, match="missing"):
+        m.cubin_bytes(name)
+
+
+def test_unsupported_combination_lists_available():
+    m = Manifest(ART)
+    with pytest.raises(ValueError, match=r"built \(arch, dtype, head_dim\).*sm_90a, bf16, 128"):
+        m.find("sm_90a", "bf16", 96, False, "single")
