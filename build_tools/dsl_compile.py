@@ -57,9 +57,12 @@ def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
 
     from fa4_aot.configs import KernelConfig
-    from fa4_aot.kernels.sm90_fwd import FlashFwdSm90
 
     cfg = KernelConfig.from_dict(cfg_dict)
+    if cfg.arch == "sm_100a":
+        from fa4_aot.kernels.sm100_fwd import FlashFwdSm100 as Kernel
+    else:
+        from fa4_aot.kernels.sm90_fwd import FlashFwdSm90 as Kernel
     dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
     hd = cfg.head_dim
 
@@ -71,6 +74,10 @@ def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
              cute.sym_int64(divisibility=8)),
             assumed_align=16)
 
+    # Host arguments in the order of the kernels' __call__ (fa4_aot/abi.py lists the kernel
+    # parameters they turn into).
+    from fa4_aot.abi import EXTENDED_BY_ARCH
+    ext = EXTENDED_BY_ARCH[cfg.arch]
     gmem = cute.AddressSpace.gmem
     args = (
         fake_qkv(), fake_qkv(), fake_qkv(),
@@ -78,16 +85,19 @@ def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
         make_ptr(Float32, 0, gmem, assumed_align=4),
         make_ptr(Int32, 0, gmem, assumed_align=4),
         make_ptr(Int64, 0, gmem, assumed_align=8),
+        *((make_ptr(Int32, 0, gmem, assumed_align=4),) * 2 if ext else ()),
         Int64(0), Int64(0), Int64(0),
+        *((Int64(0), Int64(0)) if ext else ()),
         *(Int32(0) for _ in range(7)),
+        *((Int32(0),) * 3 if ext else ()),
         Float32(0.0), Float32(0.0),
         Int32(1),
         make_fake_stream(),
     )
     entry = entry_name(cfg, neutral_name)
-    FlashFwdSm90.kernel.set_name_prefix(
+    Kernel.kernel.set_name_prefix(
         f"{ENTRY_PREFIX}{cfg.name}", remove_cutlass_symbol=neutral_name, keep_mangled_name=False)
-    compiled = cute.compile(FlashFwdSm90(cfg), *args)
+    compiled = cute.compile(Kernel(cfg), *args)
     ptx = compiled.artifacts.PTX
     if ptx and ".entry" not in ptx and Path(ptx).is_file():
         ptx = Path(ptx).read_text()

@@ -1,10 +1,18 @@
 """fa4_aot: ahead-of-time compiled FlashAttention forward kernels.
 
-``import fa4_aot`` loads no cutlass module and does no GPU work; the first call of
-:func:`attention` loads the needed cubin through cuda-python.
+``import fa4_aot`` loads no cutlass module and does no GPU work (it imports torch and registers
+the ``torch.ops.fa4_aot.fwd`` custom op); the first call of :func:`attention` loads the needed
+cubin through cuda-python.
 """
 
 from .interface import attention
+
+try:
+    import torch  # noqa: F401
+except ImportError:  # the build imports fa4_aot.configs / fa4_aot.abi without torch
+    pass
+else:
+    from . import ops  # noqa: F401  (registers torch.ops.fa4_aot.fwd)
 
 __all__ = ["attention"]
 __version__ = "0.1.0"

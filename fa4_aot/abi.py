@@ -29,7 +29,10 @@ LAUNCH_VALUES = {
     "seqlen_k": "key/value length",
     "num_heads": "query heads",
     "num_heads_k": "key/value heads",
-    "batch": "batch size",
+    "batch": "batch size (number of documents for varlen)",
+    "q_rows": "rows of the q tensor the TMA descriptor covers (seqlen_q, or total_q for varlen)",
+    "k_rows": "rows of the k/v tensors (seqlen_k, or total_k for varlen)",
+    "tma_batch": "batch extent of the TMA descriptors (1 for varlen: packed documents)",
     "qhead_per_kvhead": "num_heads // num_heads_k (GQA/MQA group size)",
     "num_m_blocks": "ceil(seqlen_q / tile_m)",
     "section": "heads*batch pairs per L2 section (fa4_aot.schedule.choose_section)",
@@ -43,6 +46,13 @@ LAUNCH_VALUES = {
     "lse_ptr": "fp32 log-sum-exp, contiguous (batch, heads, seqlen_q)",
     "sched_ptr": "int32[2] work-stealing counter (zeroed once, reset by the kernel)",
     "trace_ptr": "int64 trace buffer (trace variant only; null otherwise)",
+    "cu_seqlens_q": "int32 (batch + 1) document offsets of packed q (varlen; null otherwise)",
+    "cu_seqlens_k": "int32 (batch + 1) document offsets of packed k/v (varlen; null otherwise)",
+    "lse_stride_h": "LSE stride of the head axis, elements",
+    "lse_stride_b": "LSE stride of the batch axis, elements (0 for varlen: rows are global)",
+    "varlen": "1 when q/k/v are packed documents described by cu_seqlens, else 0",
+    "window_left": "local mask: keys visible down to row + sk - sq - window_left",
+    "window_right": "local mask: keys visible up to row + sk - sq + window_right",
 }
 
 # Axis positions of the user tensors, layout (batch, seqlen, heads, head_dim).
@@ -71,45 +81,63 @@ def _scalar(kind, value):
     return {"name": value, "kind": kind, "size": size, "align": size, "value": value}
 
 
-def sm90_fwd_params(dtype: str, head_dim: int, tile_m: int, tile_n: int) -> list[dict]:
-    """Parameter list of ``FlashFwdSm90.kernel``, in order (see fa4_aot/kernels/sm90_fwd.py)."""
+# Compile-time objects the DSL still declares as 1-byte parameters, per architecture: the two
+# tiled MMAs of FlashFwdSm90; FlashFwdSm100 builds its MMAs inside the kernel.
+STATIC_PARAMS_BY_ARCH = {"sm_90a": 2, "sm_100a": 0}
+
+
+# FlashFwdSm90 also takes the varlen / window / LSE-stride parameters; FlashFwdSm100 does not
+# (yet): its list is the base one.
+EXTENDED_BY_ARCH = {"sm_90a": True, "sm_100a": False}
+
+
+def fwd_params(dtype: str, head_dim: int, tile_m: int, tile_n: int,
+               n_static: int = 2, extended: bool = True) -> list[dict]:
+    """Parameter list of the forward kernels, in order (the kernels' ``__call__`` signatures)."""
     box_inner = 64  # 128-byte swizzle: 64 16-bit elements per box row; d is loaded in chunks
     assert head_dim % box_inner == 0
     params = [
         _tensormap("tma_q", "q", dtype, (box_inner, tile_m, 1, 1)),
-        _shape("q_shape", ("seqlen_q", "num_heads", "batch")),
+        _shape("q_shape", ("q_rows", "num_heads", "tma_batch")),
         _tensormap("tma_k", "k", dtype, (box_inner, tile_n, 1, 1)),
-        _shape("k_shape", ("seqlen_k", "num_heads_k", "batch")),
+        _shape("k_shape", ("k_rows", "num_heads_k", "tma_batch")),
         _tensormap("tma_v", "v", dtype, (box_inner, tile_n, 1, 1)),
-        _shape("v_shape", ("seqlen_k", "num_heads_k", "batch")),
+        _shape("v_shape", ("k_rows", "num_heads_k", "tma_batch")),
         _scalar("ptr", "o_ptr"),
         _scalar("ptr", "lse_ptr"),
         _scalar("ptr", "sched_ptr"),
         _scalar("ptr", "trace_ptr"),
-        _scalar("i64", "o_stride_s"),
-        _scalar("i64", "o_stride_h"),
-        _scalar("i64", "o_stride_b"),
     ]
+    if extended:
+        params += [_scalar("ptr", "cu_seqlens_q"), _scalar("ptr", "cu_seqlens_k")]
+    params += [_scalar("i64", v) for v in ("o_stride_s", "o_stride_h", "o_stride_b")]
+    if extended:
+        params += [_scalar("i64", "lse_stride_h"), _scalar("i64", "lse_stride_b")]
     for v in ("seqlen_q", "seqlen_k", "num_heads", "qhead_per_kvhead", "num_m_blocks",
               "section", "num_tiles"):
         params.append(_scalar("i32", v))
+    if extended:
+        params += [_scalar("i32", v) for v in ("varlen", "window_left", "window_right")]
     params += [_scalar("f32", "softmax_scale_log2"), _scalar("f32", "softmax_scale")]
-    # The two tiled-MMA objects are compile-time; the DSL still declares a 1-byte param each.
-    params += [{"name": f"static_{i}", "kind": "static", "size": 1, "align": 1} for i in range(2)]
+    params += [{"name": f"static_{i}", "kind": "static", "size": 1, "align": 1}
+               for i in range(n_static)]
     return params
 
 
 def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
     """The manifest's ``launch`` record for a kernel configuration."""
     t = cfg.tile
+    # CLC launches one CTA per tile: CTAs that finish early cancel not-yet-started ones and
+    # take their tile; "single" is one CTA per tile too. static/steal are persistent.
+    one_per_tile = cfg.scheduler in ("single", "clc")
     return {
         "abi_version": ABI_VERSION,
-        "params": sm90_fwd_params(cfg.dtype, cfg.head_dim, t.m, t.n),
-        "block": [384, 1, 1],
+        "params": fwd_params(cfg.dtype, cfg.head_dim, t.m, t.n, STATIC_PARAMS_BY_ARCH[cfg.arch],
+                             EXTENDED_BY_ARCH[cfg.arch]),
+        "block": [cfg.threads, 1, 1],
         "cluster": [1, 1, 1],
         "dynamic_smem_bytes": dynamic_smem_bytes,
-        "grid": {"rule": "tiles" if cfg.scheduler == "single" else "persistent",
-                 "ctas_per_sm": 1},
+        "grid": {"rule": "tiles" if one_per_tile else "persistent", "ctas_per_sm": 1},
         "tile": {"m": t.m, "n": t.n},
         "needs_counter": cfg.scheduler == "steal",
         "trace": cfg.trace,

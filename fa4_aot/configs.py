@@ -14,28 +14,41 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
-ARCHS = ("sm_90a",)
+ARCHS = ("sm_90a", "sm_100a")
 DTYPES = ("bf16", "fp16")
 HEAD_DIMS = (64, 128)
-SCHEDULERS = ("single", "static", "steal")
+# Tile schedulers per architecture. sm_90a: one CTA per tile, static persistent, work stealing
+# through a global atomic counter. sm_100a: static persistent, work stealing through cluster
+# launch control (CLC try_cancel). The shared interface is fa4_aot/kernels/tile_sched.py.
+SCHEDULERS_BY_ARCH = {"sm_90a": ("single", "static", "steal"), "sm_100a": ("static", "clc")}
+SCHEDULERS = ("single", "static", "steal", "clc")
 
-# Threads per CTA of the sm_90a forward kernel: one producer warpgroup + two MMA warpgroups.
-SM90_THREADS = 384
+# Threads per CTA. sm_90a: one producer warpgroup + two MMA warpgroups. sm_100a: 4 softmax
+# warps + MMA warp + load warp + CLC scheduler warp.
+THREADS_BY_ARCH = {"sm_90a": 384, "sm_100a": 224}
+SM90_THREADS = THREADS_BY_ARCH["sm_90a"]
 
 
 @dataclass(frozen=True)
 class Tile:
-    """Tile shape and pipeline depth chosen per (arch, head_dim)."""
+    """Tile shape, pipeline depth and mainloop schedule chosen per (arch, head_dim).
+
+    ``overlap``: issue S(n) and O += P(n+1)V(n+1) together and run the softmax of S(n) under the
+    PV wgmma; ``pingpong``: the two MMA warpgroups take turns issuing. Chosen from the H200
+    measurements in docs/perf-notes.md (v3): they help at head_dim 64, hurt at 128."""
 
     m: int
     n: int
     kv_stages: int
+    overlap: bool = True
+    pingpong: bool = True
 
 
-# Tile shapes per head_dim on sm_90a (each MMA warpgroup owns 64 rows of the m tile).
-SM90_TILES = {
-    64: Tile(m=128, n=128, kv_stages=3),
-    128: Tile(m=128, n=128, kv_stages=2),
+# Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile.
+TILES = {
+    "sm_90a": {64: Tile(m=128, n=128, kv_stages=3),
+               128: Tile(m=128, n=128, kv_stages=2, overlap=False, pingpong=False)},
+    "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 
 
@@ -47,6 +60,8 @@ class KernelConfig:
     causal: bool
     scheduler: str
     trace: bool = False
+    # Sliding-window (local) mask; the window sizes are launch-time values.
+    local: bool = False
     # Experimental kernel variant (tokens joined by "-", e.g. "noovl-nopp"); "" = the shipped
     # kernel. Variants are built on demand for measurements (build.py --variants), never shipped.
     variant: str = ""
@@ -58,16 +73,24 @@ class KernelConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.local and (self.causal or self.arch != "sm_90a"):
+            raise ValueError("local (sliding window) is a mask of its own on sm_90a only; "
+                             "causal windows use it with window_right = 0")
+        if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
+                             f"{self.arch}, got {self.scheduler!r}")
 
     @property
     def tile(self) -> Tile:
-        return SM90_TILES[self.head_dim]
+        return TILES[self.arch][self.head_dim]
+
+    @property
+    def threads(self) -> int:
+        return THREADS_BY_ARCH[self.arch]
 
     @property
     def name(self) -> str:
-        mask = "causal" if self.causal else "full"
+        mask = "local" if self.local else ("causal" if self.causal else "full")
         t = self.tile
         name = (
             f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{mask}_{self.scheduler}"
@@ -79,8 +102,8 @@ class KernelConfig:
     @property
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
-        return (self.arch, self.dtype, self.head_dim, self.causal, self.scheduler, self.trace,
-                self.variant)
+        return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
+                self.trace, self.variant)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -97,11 +120,13 @@ def _space() -> Iterable[KernelConfig]:
     for arch in ARCHS:
         for dtype in DTYPES:
             for hd in HEAD_DIMS:
-                for causal in (False, True):
-                    for sched in SCHEDULERS:
-                        yield KernelConfig(arch, dtype, hd, causal, sched)
-    # The schedule-trace variant: one configuration, not in the fast path.
-    yield KernelConfig("sm_90a", "bf16", 128, True, "steal", trace=True)
+                masks = [(False, False), (True, False)] + ([(False, True)] if arch == "sm_90a" else [])
+                for causal, local in masks:
+                    for sched in SCHEDULERS_BY_ARCH[arch]:
+                        yield KernelConfig(arch, dtype, hd, causal, sched, local=local)
+    # Schedule-trace variants (record per tile: SM, CTA, start, end), not in the fast path.
+    for sched in SCHEDULERS_BY_ARCH["sm_90a"]:
+        yield KernelConfig("sm_90a", "bf16", 128, True, sched, trace=True)
 
 
 CONFIG_SPACE: tuple[KernelConfig, ...] = tuple(_space())

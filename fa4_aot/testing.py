@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 
 
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
-    """q (b, sq, h, d); k, v (b, sk, hk, d). Returns (out (b, sq, h, d), lse (b, h, sq))."""
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1)):
+    """q (b, sq, h, d); k, v (b, sk, hk, d). Returns (out (b, sq, h, d), lse (b, h, sq)).
+    window_size=(left, right) around the bottom-right diagonal, -1 = unbounded."""
     import torch
     dtype = q.dtype
     if upcast:
@@ -25,10 +26,15 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
         v = v.repeat_interleave(h // hk, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     s = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
+    row = torch.arange(sq, device=q.device).view(-1, 1)
+    col = torch.arange(sk, device=q.device).view(1, -1)
+    left, right = window_size
     if causal:
-        row = torch.arange(sq, device=q.device).view(-1, 1)
-        col = torch.arange(sk, device=q.device).view(1, -1)
-        s = s.masked_fill(col > row + (sk - sq), float("-inf"))
+        right = 0
+    if right >= 0:
+        s = s.masked_fill(col > row + (sk - sq) + right, float("-inf"))
+    if left >= 0:
+        s = s.masked_fill(col < row + (sk - sq) - left, float("-inf"))
     lse = torch.logsumexp(s.float(), dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)  # fully masked rows -> 0

@@ -102,3 +102,127 @@ def test_softmax_scale_and_lse():
     check_close(out, ref, ref_pt)
     assert (lse - lse_ref).abs().max().item() < 1e-2
     assert not math.isnan(lse.sum().item())
+
+
+# ----------------------------------------------------------------------------- varlen / window
+
+
+def _varlen_ref(q, k, v, cu_q, cu_k, causal, window=(-1, -1)):
+    outs, lses, outs_pt = [], [], []
+    for i in range(len(cu_q) - 1):
+        qs, ks = q[cu_q[i]:cu_q[i + 1]][None], k[cu_k[i]:cu_k[i + 1]][None]
+        vs = v[cu_k[i]:cu_k[i + 1]][None]
+        o, l = attention_ref(qs, ks, vs, causal=causal, window_size=window)
+        o_pt, _ = attention_ref(qs, ks, vs, causal=causal, window_size=window, upcast=False)
+        outs.append(o[0]), lses.append(l[0]), outs_pt.append(o_pt[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1), torch.cat(outs_pt)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sched", SCHEDS)
+@pytest.mark.parametrize("lens", [[17, 1000, 0, 127, 4097], [1, 1, 1], [300], [0, 513, 0]],
+                         ids=["mixed", "ones", "one", "empties"])
+def test_varlen(lens, sched, d, causal):
+    lens_k = [max(0, n + (13 if i % 2 else -7)) for i, n in enumerate(lens)]
+    cu_q = [0]
+    cu_k = [0]
+    for a, bb in zip(lens, lens_k):
+        cu_q.append(cu_q[-1] + a)
+        cu_k.append(cu_k[-1] + bb)
+    h, hk = 4, 2
+    q = torch.randn(cu_q[-1], h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(cu_k[-1], hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    tq = torch.tensor(cu_q, dtype=torch.int32, device="cuda")
+    tk = torch.tensor(cu_k, dtype=torch.int32, device="cuda")
+    out, lse = fa4_aot.attention(q, k, v, causal=causal, return_lse=True, scheduler=sched,
+                                 cu_seqlens_q=tq, cu_seqlens_k=tk, max_seqlen_q=max(lens),
+                                 max_seqlen_k=max(lens_k), out=torch.full_like(q, float("nan")))
+    ref, lse_ref, ref_pt = _varlen_ref(q, k, v, cu_q, cu_k, causal)
+    if q.shape[0]:
+        check_close(out, ref, ref_pt)
+        fin = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(lse), fin)
+        if fin.any():
+            assert (lse[fin] - lse_ref[fin]).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("window", [(64, 0), (100, 100), (0, 0), (-1, 37), (300, -1)])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000), (1, 257, 700), (1, 700, 257)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("d", [64, 128])
+def test_sliding_window(window, shape, d):
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 4, d, device="cuda", dtype=torch.float16)
+    k = torch.randn(b, sk, 4, d, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    for causal in (False, True):
+        out, lse = fa4_aot.attention(q, k, v, causal=causal, window_size=window, return_lse=True)
+        ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window)
+        ref_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
+        check_close(out, ref, ref_pt, what=f"window={window} causal={causal}")
+        fin = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(lse), fin)
+
+
+def test_sliding_window_varlen():
+    cu = [0, 300, 301, 1200]
+    q = torch.randn(cu[-1], 2, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    out = fa4_aot.attention(q, k, v, causal=True, window_size=(128, 0), cu_seqlens_q=t,
+                            cu_seqlens_k=t, max_seqlen_q=899, max_seqlen_k=899)
+    ref, _, ref_pt = _varlen_ref(q, k, v, cu, cu, True, (128, 0))
+    check_close(out, ref, ref_pt)
+
+
+# ----------------------------------------------------------------------------- scheduler edges
+
+
+@pytest.mark.parametrize("b,h,s", [(1, 1, 128), (1, 1, 1), (1, 131, 128), (1, 133, 128),
+                                   (1, 132, 128), (8, 16, 4096)],
+                         ids=["one_tile", "one_row", "sms-1", "sms+1", "sms", "4096_tiles"])
+def test_scheduler_edge_cases(b, h, s):
+    for causal in (False, True):
+        outs = [_run_and_check(b, s, s, h, h, 64, torch.bfloat16, causal, sch) for sch in SCHEDS]
+        assert all(torch.equal(o, outs[0]) for o in outs[1:])
+
+
+def test_thousand_launches_varying_shapes():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for i in range(1000):
+        s = int(torch.randint(1, 700, (1,), generator=g, device="cuda").item())
+        causal = bool(i % 2)
+        q = torch.randn(1, s, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        out = fa4_aot.attention(q, q, q, causal=causal, scheduler="steal")
+        if i % 100 == 0:
+            ref, _ = attention_ref(q, q, q, causal=causal)
+            ref_pt, _ = attention_ref(q, q, q, causal=causal, upcast=False)
+            check_close(out, ref, ref_pt)
+        else:
+            assert torch.equal(out, fa4_aot.attention(q, q, q, causal=causal, scheduler="single"))
+
+
+def test_torch_compile_fullgraph():
+    @torch.compile(fullgraph=True)
+    def f(q, k, v):
+        return fa4_aot.attention(q, k, v, causal=True).float().sum(-1) * 2
+
+    q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    got = f(q, k, v)
+    want = fa4_aot.attention(q, k, v, causal=True).float().sum(-1) * 2
+    torch.testing.assert_close(got, want)
+
+
+def test_trace_capture():
+    from fa4_aot.trace import capture
+    q = torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16)
+    for sched in SCHEDS:
+        out, tr, meta = capture(q, q, q, scheduler=sched)
+        assert tr.shape == (meta["num_m_blocks"] * 8 * 2, 4)
+        assert (tr[:, 2] > 0).all() and (tr[:, 3] >= tr[:, 2]).all()
+        assert tr[:, 0].max().item() < meta["num_sms"]
+        assert torch.equal(out, fa4_aot.attention(q, q, q, causal=True, scheduler=sched))
+

@@ -18,13 +18,15 @@ def _values():
 
 
 def test_pack_scalars_and_shapes_follow_the_record():
-    params = [p for p in abi.sm90_fwd_params("bf16", 128, 128, 128) if p["kind"] != "tensormap"]
+    params = [p for p in abi.fwd_params("bf16", 128, 128, 128) if p["kind"] != "tensormap"]
     vals = _values()
     packed = pack_params(params, vals, {})
     assert [len(b) for b in packed] == [p["size"] for p in params]
     by_name = dict(zip((p["name"] for p in params), packed))
-    assert struct.unpack("<3i", by_name["q_shape"]) == (vals["seqlen_q"], vals["num_heads"], vals["batch"])
-    assert struct.unpack("<3i", by_name["k_shape"]) == (vals["seqlen_k"], vals["num_heads_k"], vals["batch"])
+    assert struct.unpack("<3i", by_name["q_shape"]) == (vals["q_rows"], vals["num_heads"], vals["tma_batch"])
+    assert struct.unpack("<3i", by_name["k_shape"]) == (vals["k_rows"], vals["num_heads_k"], vals["tma_batch"])
+    assert struct.unpack("<i", by_name["window_left"]) == (vals["window_left"],)
+    assert struct.unpack("<Q", by_name["cu_seqlens_q"]) == (vals["cu_seqlens_q"],)
     assert struct.unpack("<Q", by_name["o_ptr"]) == (vals["o_ptr"],)
     assert struct.unpack("<q", by_name["o_stride_b"]) == (vals["o_stride_b"],)
     assert struct.unpack("<f", by_name["softmax_scale_log2"]) == (0.25,)
@@ -90,3 +92,65 @@ def test_bad_scalar_arguments():
         fa4_aot.attention(q, k, v, causal=1)
     with pytest.raises(ValueError, match="softmax_scale"):
         fa4_aot.attention(q, k, v, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match="window_size"):
+        fa4_aot.attention(q, k, v, window_size=(5,))
+    with pytest.raises(ValueError, match="max_seqlen_q/k are only for varlen"):
+        fa4_aot.attention(q, k, v, max_seqlen_q=16)
+
+
+def _packed(total=20, h=2, d=64):
+    return (torch.randn(total, h, d, dtype=torch.bfloat16),
+            torch.randn(total, h, d, dtype=torch.bfloat16),
+            torch.randn(total, h, d, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("cu_q,cu_k,mq,mk,match", [
+    ([0, 5, 20], [0, 5, 20], 15, 15, None),
+    ([0, 5, 20], [0, 20], 15, 20, "same length"),
+    ([0, 9, 5, 20], [0, 9, 5, 20], 15, 15, "never decrease"),
+    ([1, 5, 20], [1, 5, 20], 15, 15, "start at 0"),
+    ([0, 5, 30], [0, 5, 20], 25, 15, "exceeds the packed length"),
+    ([0, 5, 20], [0, 5, 20], 10, 15, "max_seqlen_q"),
+])
+def test_varlen_validation(cu_q, cu_k, mq, mk, match):
+    from fa4_aot.interface import _validate_varlen
+    q, k, v = _packed()
+    cq, ck = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
+    if match is None:
+        _validate_varlen(q, k, cq, ck, mq, mk)
+    else:
+        with pytest.raises(ValueError, match=match):
+            _validate_varlen(q, k, cq, ck, mq, mk)
+    with pytest.raises(TypeError, match="cu_seqlens_q must be a 1-D int32"):
+        _validate_varlen(q, k, cq.long(), ck, mq, mk)
+
+
+def test_varlen_needs_packed_rank():
+    q, k, v = _qkv()
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"q must have 3 dims \(total, heads, head_dim\)"):
+        fa4_aot.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=16,
+                          max_seqlen_k=16)
+
+
+def test_window_resolution():
+    from fa4_aot.interface import _window
+    assert _window((-1, -1), False) == (False, -1, -1)
+    assert _window((-1, -1), True) == (False, -1, -1)
+    assert _window((128, -1), True) == (True, 128, 0)
+    assert _window((-1, 0), True) == (False, -1, -1)
+    assert _window((64, 32), False) == (True, 64, 32)
+
+
+def test_fake_impl_shapes_for_torch_compile():
+    """The custom op's fake implementation gives the right shapes (what torch.compile traces)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 8, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, 80, 2, 64, dtype=torch.bfloat16)
+        out, lse = torch.ops.fa4_aot.fwd(q, k, k, None, None, 0, 0, True, None, -1, -1, "auto")
+        assert out.shape == q.shape and lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+        qp = torch.empty(300, 8, 64, dtype=torch.bfloat16)
+        cu = torch.empty(3, dtype=torch.int32)
+        out, lse = torch.ops.fa4_aot.fwd(qp, qp, qp, cu, cu, 200, 200, False, None, -1, -1, "auto")
+        assert out.shape == qp.shape and lse.shape == (8, 300)

@@ -11,7 +11,9 @@ cluster of one):
   It loads its row of S = Q K^T from tensor memory (``tcgen05.ld``), masks, runs the online
   softmax in registers, rescales its row of O in tensor memory when the row max grew, writes
   P (16-bit) back to tensor memory and finally normalizes O and stores O and LSE to global
-  memory with plain stores. Warp 0 also allocates and frees the tensor memory.
+  memory with plain stores (O: 16-byte stores, one row per thread; like the sm_90a kernel it
+  relies on the runtime's 16-byte aligned O pointer and strides). Warp 0 also allocates and
+  frees the tensor memory.
 * warp 4, MMA: one elected thread issues ``tcgen05.mma``: S(i) = Q K(i)^T into one of two S
   buffers, and O += P(i) V(i) with P read from tensor memory. S(i+1) is issued before
   PV(i), so the tensor core computes the next S while the softmax warps work on the current one.
@@ -26,10 +28,15 @@ Tensor memory (512 columns, 32-bit each, 128 lanes = rows): S0 at column 0, S1 a
 Key blocks are visited from the last to the first, so the blocks that need the causal or the
 sequence-end mask come first and the rest run unmasked (the same order as the sm_90a kernel).
 
-Kernel parameters (launch ABI): the same runtime list as ``FlashFwdSm90.kernel`` (TMA
-descriptor + coordinate shape for Q, K, V; pointers O, LSE, sched, trace; three Int64 O
-strides; seven Int32; two Float32), then the compile-time objects of this kernel (see
-``FlashFwdSm100.kernel``). ``sched_ptr`` and ``trace_ptr`` are accepted but unused here.
+Kernel parameters (launch ABI): exactly the 22 runtime parameters of ``FlashFwdSm90.kernel``
+(TMA descriptor + coordinate shape for Q, K, V; pointers O, LSE, sched, trace; three Int64 O
+strides; seven Int32; two Float32) and nothing after them: the four shared/tensor-memory
+layouts passed to ``kernel`` are static and produce no PTX parameter, and the two tiled MMAs
+are rebuilt inside the kernel (passed as arguments they would become 32-byte runtime
+parameters holding MMA-descriptor state). ``sched_ptr`` and ``trace_ptr`` are accepted but
+unused. The TMA boxes are those of the sm_90a kernel: 64 (head_dim chunk, 128-byte swizzle)
+x 128 rows for Q, K and V (V described as (d, seqlen_k, heads, batch)), two boxes per
+operand at head_dim 128. Block (224, 1, 1) (``.reqntid``), no cluster attribute needed.
 
 CLC protocol (``scheduler == "clc"``)
 =====================================
@@ -84,7 +91,6 @@ Exit / deadlock rules (all modes):
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import cutlass
@@ -100,8 +106,6 @@ from cutlass.cutlass_dsl import dsl_user_op
 from fa4_aot.schedule import decode_tile
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-LOG2_E = math.log2(math.e)
-
 CLC, STATIC = "clc", "static"
 
 
@@ -161,9 +165,11 @@ class FlashFwdSm100:
             raise ValueError(f"sm_100a kernel supports schedulers 'clc' and 'static', got {self.sched!r}")
         if self.hd not in self.KV_STAGES:
             raise ValueError(f"head_dim must be one of {tuple(self.KV_STAGES)}, got {self.hd}")
-        self.tile_m = self.TILE_M
-        self.tile_n = self.TILE_N
-        self.kv_stages = self.KV_STAGES[self.hd]
+        if getattr(cfg, "variant", ""):
+            raise ValueError(f"sm_100a kernel has no variants, got {cfg.variant!r}")
+        # The configuration space (fa4_aot/configs.py TILES) is the source of truth.
+        self.tile_m, self.tile_n, self.kv_stages = cfg.tile.m, cfg.tile.n, cfg.tile.kv_stages
+        assert (self.tile_m, self.tile_n) == (self.TILE_M, self.TILE_N)
         self.threads = self.THREADS
         assert self.TMEM_O + self.hd <= self.TMEM_P
         assert self.TMEM_P + self.TILE_N // 2 <= self.TMEM_COLS
@@ -671,6 +677,13 @@ class FlashFwdSm100:
         n_chunks = self.hd // oc
 
         row_local = tSc[0][0]  # this thread's row inside the tile (== TMEM lane)
+        # Register e of an O chunk holds column e of the chunk (the 16-byte stores rely on it).
+        for e in cutlass.range_constexpr(cute.size(tOc)):
+            assert tOc[e][1] == e, "unexpected tcgen05.ld 32x32b register order"
+        # The runtime guarantees 16-byte aligned output strides (multiples of 8 elements).
+        o_stride_s = cute.assume(o_stride_s, divby=8)
+        o_stride_h = cute.assume(o_stride_h, divby=8)
+        o_stride_b = cute.assume(o_stride_b, divby=8)
 
         s_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.S_STAGES)
         p_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -762,9 +775,12 @@ class FlashFwdSm100:
             if row_sum > Float32(0.0):
                 inv = cute.arch.rcp_approx(row_sum)
                 lse = row_max * softmax_scale + cute.math.log(row_sum, fastmath=True)
-            o_off = Int64(head) * o_stride_h + Int64(batch) * o_stride_b + Int64(row0) * o_stride_s
-            gO = cute.make_tensor(
-                o_ptr + o_off, cute.make_layout((self.tile_m, self.hd), stride=(o_stride_s, 1)))
+            # This thread's output row. The runtime guarantees 16-byte aligned output strides
+            # and data pointer: 32 columns = four 16-byte stores per chunk.
+            o_off = (Int64(head) * o_stride_h + Int64(batch) * o_stride_b
+                     + Int64(row) * o_stride_s)
+            gO_row = cute.make_tensor(o_ptr + o_off, cute.make_layout(self.hd))
+            rO16_flat = cute.make_tensor(rO16.iterator, cute.make_layout(oc))
             if n_max > 0:
                 # PV(last) done (P empty); do not advance: the next tile's first acquire of
                 # the same phase returns at once.
@@ -775,15 +791,15 @@ class FlashFwdSm100:
                     cute.arch.fence_view_async_tmem_load()
                     rO16.store((rO.load() * inv).to(dt))
                     if row < seqlen_q:
-                        for e in cutlass.range_constexpr(cute.size(rO16)):
-                            gO[row_local, tOc[e][1] + j * oc] = rO16[e]
+                        cute.autovec_copy(
+                            rO16_flat, cute.make_tensor(gO_row.iterator + j * oc, cute.make_layout(oc)))
             else:
                 # No key block: O = 0, LSE = -inf, no pipeline involved.
                 rO16.fill(0.0)
                 if row < seqlen_q:
                     for j in cutlass.range_constexpr(n_chunks):
-                        for e in cutlass.range_constexpr(cute.size(rO16)):
-                            gO[row_local, tOc[e][1] + j * oc] = rO16[e]
+                        cute.autovec_copy(
+                            rO16_flat, cute.make_tensor(gO_row.iterator + j * oc, cute.make_layout(oc)))
             if row < seqlen_q:
                 lse_t = cute.make_tensor(
                     lse_ptr + ((batch * num_heads + head) * seqlen_q + row), cute.make_layout(1))

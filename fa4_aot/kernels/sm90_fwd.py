@@ -12,6 +12,11 @@ CTA = 3 warpgroups (384 threads):
 Key blocks are visited from the last to the first, so the blocks that need the causal or
 the sequence-end mask come first and the rest run unmasked.
 
+Masks (compile time): full, causal (bottom-right aligned), local (sliding window
+``[row + sk - sq - window_left, row + sk - sq + window_right]``). Variable-length batches are a
+runtime mode (``varlen`` = 1): q/k/v are packed (total, d, heads, 1) and each tile reads its
+document's offsets from ``cu_seqlens_q/k``; tiles past a document's end do nothing.
+
 Kernel parameters (the launch ABI; ``fa4_aot/abi.py`` describes the same list for the runtime):
 TMA descriptors + coordinate shapes for Q, K, V; raw pointers for O, LSE, the scheduler counter
 and the trace buffer; O strides; then scalars. Nothing about the device (SM count) is baked in.
@@ -29,7 +34,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
-from fa4_aot.configs import SM90_THREADS, KernelConfig
+from fa4_aot.configs import KernelConfig
 from fa4_aot.schedule import decode_tile
 
 from .tile_sched import TILE_SLOTS, first_tile, next_tile
@@ -87,20 +92,25 @@ class FlashFwdSm90:
         self.tile_n = cfg.tile.n
         self.kv_stages = cfg.tile.kv_stages
         self.causal = cfg.causal
+        self.local = cfg.local
         self.sched = cfg.scheduler
         self.trace = cfg.trace
-        self.threads = SM90_THREADS
+        self.threads = cfg.threads
         self.num_mma_wg = 2
         assert self.tile_m == 64 * self.num_mma_wg
         self.producer_regs = 24
         self.mma_regs = 240
-        # Experimental switches (KernelConfig.variant tokens), all on in the shipped kernels.
+        # Mainloop schedule from the configuration's tile; experiment variants (KernelConfig.variant
+        # tokens) can switch parts off or change the pipeline depth.
         tokens = set(filter(None, cfg.variant.split("-")))
-        unknown = tokens - {"noovl", "nopp"}
+        stage_tokens = {t for t in tokens if t in ("s2", "s3", "s4", "s5")}
+        unknown = tokens - {"noovl", "nopp"} - stage_tokens
         if unknown:
             raise ValueError(f"unknown kernel variant tokens {sorted(unknown)}")
-        self.intra_wg_overlap = "noovl" not in tokens
-        self.pingpong = "nopp" not in tokens
+        self.intra_wg_overlap = cfg.tile.overlap and "noovl" not in tokens
+        self.pingpong = cfg.tile.pingpong and "nopp" not in tokens
+        for t in stage_tokens:
+            self.kv_stages = int(t[1:])
 
     # ------------------------------------------------------------------ host side (trace only)
     @cute.jit
@@ -113,9 +123,13 @@ class FlashFwdSm90:
         lse_ptr: cute.Pointer,
         sched_ptr: cute.Pointer,
         trace_ptr: cute.Pointer,
+        cu_q_ptr: cute.Pointer,
+        cu_k_ptr: cute.Pointer,
         o_stride_s: Int64,
         o_stride_h: Int64,
         o_stride_b: Int64,
+        lse_stride_h: Int64,
+        lse_stride_b: Int64,
         seqlen_q: Int32,
         seqlen_k: Int32,
         num_heads: Int32,
@@ -123,6 +137,9 @@ class FlashFwdSm90:
         num_m_blocks: Int32,
         section: Int32,
         num_tiles: Int32,
+        varlen: Int32,
+        window_left: Int32,
+        window_right: Int32,
         softmax_scale_log2: Float32,
         softmax_scale: Float32,
         grid_x: Int32,
@@ -176,10 +193,10 @@ class FlashFwdSm90:
 
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV,
-            o_ptr, lse_ptr, sched_ptr, trace_ptr,
-            o_stride_s, o_stride_h, o_stride_b,
+            o_ptr, lse_ptr, sched_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
+            o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
             seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
-            num_m_blocks, section, num_tiles,
+            num_m_blocks, section, num_tiles, varlen, window_left, window_right,
             softmax_scale_log2, softmax_scale,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
         ).launch(
@@ -203,9 +220,13 @@ class FlashFwdSm90:
         lse_ptr: cute.Pointer,
         sched_ptr: cute.Pointer,
         trace_ptr: cute.Pointer,
+        cu_q_ptr: cute.Pointer,
+        cu_k_ptr: cute.Pointer,
         o_stride_s: Int64,
         o_stride_h: Int64,
         o_stride_b: Int64,
+        lse_stride_h: Int64,
+        lse_stride_b: Int64,
         seqlen_q: Int32,
         seqlen_k: Int32,
         num_heads: Int32,
@@ -213,6 +234,9 @@ class FlashFwdSm90:
         num_m_blocks: Int32,
         section: Int32,
         num_tiles: Int32,
+        varlen: Int32,
+        window_left: Int32,
+        window_right: Int32,
         softmax_scale_log2: Float32,
         softmax_scale: Float32,
         tiled_mma_qk: cute.TiledMma,
@@ -264,33 +288,54 @@ class FlashFwdSm90:
             if warp_idx == 0:
                 self.producer(
                     tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, slots,
-                    pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr,
+                    pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr, cu_q_ptr, cu_k_ptr,
                     seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
-                    num_m_blocks, section, num_tiles,
+                    num_m_blocks, section, num_tiles, varlen, window_left, window_right,
                 )
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(
                 tidx - 128, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, slots,
                 pipe_q, pipe_k, pipe_v, pipe_tile,
-                o_ptr, lse_ptr, trace_ptr, o_stride_s, o_stride_h, o_stride_b,
+                o_ptr, lse_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
+                o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
                 seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-                softmax_scale_log2, softmax_scale,
+                varlen, window_left, window_right, softmax_scale_log2, softmax_scale,
             )
 
     @cute.jit
-    def n_block_max(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        hi = seqlen_k
+    def seq_info(self, batch, seqlen_q, seqlen_k, varlen, cu_q_ptr, cu_k_ptr):
+        """(q_start, k_start, seqlen_q, seqlen_k, tma_batch) of one batch entry."""
+        q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), seqlen_q, seqlen_k, batch
+        if varlen != 0:
+            cq = cute.make_tensor(cu_q_ptr + batch, cute.make_layout(2))
+            ck = cute.make_tensor(cu_k_ptr + batch, cute.make_layout(2))
+            q_start, k_start = cq[0], ck[0]
+            sq, sk = cq[1] - q_start, ck[1] - k_start
+            tma_b = Int32(0)
+        return q_start, k_start, sq, sk, tma_b
+
+    @cute.jit
+    def n_block_range(self, m_block, sq, sk, window_left, window_right):
+        """[n_min, n_max): the key blocks an m-block sees (mask: full, causal or local)."""
+        hi = sk
+        lo = Int32(0)
         if cutlass.const_expr(self.causal):
-            hi = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m + seqlen_k - seqlen_q)
-        return cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
+            hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq)
+        if cutlass.const_expr(self.local):
+            hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq + window_right)
+            lo = cutlass.max(Int32(0), m_block * self.tile_m + sk - sq - window_left)
+        n_max = cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
+        n_min = cutlass.min(lo // self.tile_n, n_max)
+        return n_min, n_max
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
     def producer(
         self, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, slots,
-        pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr,
+        pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr, cu_q_ptr, cu_k_ptr,
         seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, num_m_blocks, section, num_tiles,
+        varlen, window_left, window_right,
     ):
         cpasync.prefetch_descriptor(tma_q)
         cpasync.prefetch_descriptor(tma_k)
@@ -314,28 +359,39 @@ class FlashFwdSm90:
             else:
                 m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
                 kv_head = head // qhead_per_kvhead
-                gQ = cute.local_tile(tQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+                q_start, k_start, sq, sk, tma_b = self.seq_info(
+                    batch, seqlen_q, seqlen_k, varlen, cu_q_ptr, cu_k_ptr)
+                valid = m_block * self.tile_m < sq
+                # varlen: shift the coordinate tensors to the document's first row.
+                gQ = cute.local_tile(cute.domain_offset((q_start, 0), tQ[None, None, head, tma_b]),
+                                     (self.tile_m, self.hd), (m_block, 0))
                 tQs, tQg = cpasync.tma_partition(
                     tma_q, 0, cute.make_layout(1),
                     cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                gK = cute.local_tile(tK[None, None, kv_head, batch], (self.tile_n, self.hd), (None, 0))
+                gK = cute.local_tile(cute.domain_offset((k_start, 0), tK[None, None, kv_head, tma_b]),
+                                     (self.tile_n, self.hd), (None, 0))
                 tKs, tKg = cpasync.tma_partition(
                     tma_k, 0, cute.make_layout(1),
                     cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                gV = cute.local_tile(tV[None, None, kv_head, batch], (self.hd, self.tile_n), (0, None))
+                gV = cute.local_tile(cute.domain_offset((0, k_start), tV[None, None, kv_head, tma_b]),
+                                     (self.hd, self.tile_n), (0, None))
                 tVs, tVg = cpasync.tma_partition(
                     tma_v, 0, cute.make_layout(1),
                     cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
-                pipe_q.producer_acquire(q_state)
-                cute.copy(tma_q, tQg, tQs[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                q_state.advance()
+                if valid:
+                    pipe_q.producer_acquire(q_state)
+                    cute.copy(tma_q, tQg, tQs[None, 0],
+                              tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    q_state.advance()
 
                 # Fetch the next tile now: the atomic's latency hides behind this tile's loads.
                 tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
 
-                n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
-                for i in cutlass.range(n_max, unroll=1):
+                n_min, n_max = self.n_block_range(m_block, sq, sk, window_left, window_right)
+                if not valid:
+                    n_max = n_min
+                for i in cutlass.range(n_max - n_min, unroll=1):
                     n_block = n_max - 1 - i
                     pipe_k.producer_acquire(kv_state)
                     cute.copy(tma_k, tKg[None, n_block], tKs[None, kv_state.index],
@@ -350,14 +406,16 @@ class FlashFwdSm90:
     def consumer(
         self, tidx, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, slots,
         pipe_q, pipe_k, pipe_v, pipe_tile,
-        o_ptr, lse_ptr, trace_ptr, o_stride_s, o_stride_h, o_stride_b,
+        o_ptr, lse_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
+        o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
         seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-        softmax_scale_log2, softmax_scale,
+        varlen, window_left, window_right, softmax_scale_log2, softmax_scale,
     ):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
         The two MMA warpgroups take turns issuing (ping-pong through named barriers), so one's
-        softmax overlaps the other's tensor-core work."""
+        softmax overlaps the other's tensor-core work. Both are compile-time switches
+        (``noovl``/``nopp`` variants) so that each can be measured."""
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -396,99 +454,130 @@ class FlashFwdSm90:
             if tile >= num_tiles:
                 running = False
             else:
+                t_start = Int64(0)
+                if cutlass.const_expr(self.trace):
+                    t_start = cute.arch.globaltimer()
                 m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-                n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
+                q_start, k_start, sq, sk, tma_b = self.seq_info(
+                    batch, seqlen_q, seqlen_k, varlen, cu_q_ptr, cu_k_ptr)
                 row0 = m_block * self.tile_m
-                acc_O.fill(0.0)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
-                pipe_q.consumer_wait(q_state)
-                if cutlass.const_expr(self.intra_wg_overlap):
-                    if n_max > 0:
-                        # First (last-in-sequence) block: always masked.
-                        pipe_k.consumer_wait(k_state)
-                        self.pingpong_wait(wg)
-                        self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                        self.pingpong_signal(wg)
-                        warpgroup.wait_group(0)
-                        pipe_k.consumer_release(k_state)
-                        k_state.advance()
-                        self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0,
-                                        seqlen_q, seqlen_k)
-                        self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, softmax_scale_log2)
-                        tOrP_as_acc.store(acc_S.load().to(self.dtype))
-                        for i in cutlass.range(1, n_max, unroll=1):
-                            n_block = n_max - 1 - i
-                            col0 = n_block * self.tile_n
-                            pipe_k.consumer_wait(k_state)
-                            pipe_v.consumer_wait(v_state)
-                            self.pingpong_wait(wg)
-                            self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                            self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
-                            self.pingpong_signal(wg)
-                            warpgroup.wait_group(1)
-                            pipe_k.consumer_release(k_state)
-                            k_state.advance()
-                            need_mask = col0 + self.tile_n > seqlen_k
-                            if cutlass.const_expr(self.causal):
-                                need_mask = need_mask or (
-                                    col0 + self.tile_n > row0 + seqlen_k - seqlen_q + 1)
-                            if need_mask:
-                                self.apply_mask(acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k)
-                            self.online_softmax(acc_S_mn, row_max, row_sum, row_scale,
-                                                softmax_scale_log2)
-                            warpgroup.wait_group(0)
-                            pipe_v.consumer_release(v_state)
-                            v_state.advance()
-                            for r in cutlass.range_constexpr(n_rows):
-                                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
-                            tOrP_as_acc.store(acc_S.load().to(self.dtype))
-                        # Last PV.
-                        pipe_v.consumer_wait(v_state)
-                        self.pingpong_wait(wg)
-                        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
-                        self.pingpong_signal(wg)
-                        warpgroup.wait_group(0)
-                        pipe_v.consumer_release(v_state)
-                        v_state.advance()
-                else:
-                    for i in cutlass.range(n_max, unroll=1):
-                        n_block = n_max - 1 - i
-                        col0 = n_block * self.tile_n
-                        pipe_k.consumer_wait(k_state)
-                        self.pingpong_wait(wg)
-                        self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                        self.pingpong_signal(wg)
-                        warpgroup.wait_group(0)
-                        pipe_k.consumer_release(k_state)
-                        k_state.advance()
-                        need_mask = col0 + self.tile_n > seqlen_k
-                        if cutlass.const_expr(self.causal):
-                            need_mask = need_mask or (
-                                col0 + self.tile_n > row0 + seqlen_k - seqlen_q + 1)
-                        if need_mask:
-                            self.apply_mask(acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k)
-                        self.online_softmax(acc_S_mn, row_max, row_sum, row_scale,
-                                            softmax_scale_log2)
-                        for r in cutlass.range_constexpr(n_rows):
-                            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
-                        tOrP_as_acc.store(acc_S.load().to(self.dtype))
-                        pipe_v.consumer_wait(v_state)
-                        self.pingpong_wait(wg)
-                        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
-                        self.pingpong_signal(wg)
-                        warpgroup.wait_group(0)
-                        pipe_v.consumer_release(v_state)
-                        v_state.advance()
-                pipe_q.consumer_release(q_state)
-                q_state.advance()
-                self.epilogue(
-                    tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
-                    o_stride_s, o_stride_h, o_stride_b,
-                    m_block, head, batch, seqlen_q, num_heads, softmax_scale,
-                )
+                if row0 < sq:
+                    n_min, n_max = self.n_block_range(m_block, sq, sk, window_left, window_right)
+                    acc_O.fill(0.0)
+                    row_max.fill(-Float32.inf)
+                    row_sum.fill(0.0)
+                    pipe_q.consumer_wait(q_state)
+                    k_state, v_state = self.mainloop(
+                        tidx, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP,
+                        tOrP_as_acc, acc_S, acc_O, acc_S_mn, acc_O_mn, row_max, row_sum,
+                        row_scale, pipe_k, pipe_v, k_state, v_state, n_min, n_max, row0, sq, sk,
+                        window_left, window_right, softmax_scale_log2)
+                    pipe_q.consumer_release(q_state)
+                    q_state.advance()
+                    self.epilogue(
+                        tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
+                        o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
+                        m_block, head, batch, q_start, sq, softmax_scale,
+                    )
+                if cutlass.const_expr(self.trace):
+                    if tidx == 0:
+                        # (SM, CTA, start ns, end ns) of this tile; the tile index is unique.
+                        rec = cute.make_tensor(trace_ptr + Int64(tile) * 4, cute.make_layout(4))
+                        rec[0] = Int64(cute.arch.smid())
+                        rec[1] = Int64(cute.arch.block_idx()[0])
+                        rec[2] = t_start
+                        rec[3] = cute.arch.globaltimer()
+
+    @cute.jit
+    def mainloop(
+        self, tidx, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, tOrP_as_acc,
+        acc_S, acc_O, acc_S_mn, acc_O_mn, row_max, row_sum, row_scale,
+        pipe_k, pipe_v, k_state, v_state, n_min, n_max, row0, sq, sk,
+        window_left, window_right, scale_log2,
+    ):
+        """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states."""
+        n_rows = cute.size(acc_S_mn, mode=[0])
+        if cutlass.const_expr(self.intra_wg_overlap):
+            if n_max > n_min:
+                # First (last-in-sequence) block: always masked.
+                pipe_k.consumer_wait(k_state)
+                self.pingpong_wait(wg)
+                self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                self.pingpong_signal(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+                self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, sq, sk,
+                                window_left, window_right)
+                self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
+                tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                for i in cutlass.range(1, n_max - n_min, unroll=1):
+                    col0 = (n_max - 1 - i) * self.tile_n
+                    pipe_k.consumer_wait(k_state)
+                    pipe_v.consumer_wait(v_state)
+                    self.pingpong_wait(wg)
+                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                    self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                    self.pingpong_signal(wg)
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(k_state)
+                    k_state.advance()
+                    if self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
+                        self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk,
+                                        window_left, window_right)
+                    self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    v_state.advance()
+                    for r in cutlass.range_constexpr(n_rows):
+                        for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                            acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                    tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                # Last PV.
+                pipe_v.consumer_wait(v_state)
+                self.pingpong_wait(wg)
+                self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                self.pingpong_signal(wg)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                v_state.advance()
+        else:
+            for i in cutlass.range(n_max - n_min, unroll=1):
+                col0 = (n_max - 1 - i) * self.tile_n
+                pipe_k.consumer_wait(k_state)
+                self.pingpong_wait(wg)
+                self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+                self.pingpong_signal(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+                if i == 0 or self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
+                    self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right)
+                self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
+                for r in cutlass.range_constexpr(n_rows):
+                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                        acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                pipe_v.consumer_wait(v_state)
+                self.pingpong_wait(wg)
+                self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                self.pingpong_signal(wg)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                v_state.advance()
+        return k_state, v_state
+
+    @cute.jit
+    def block_needs_mask(self, col0, row0, sq, sk, window_left, window_right):
+        """Whether key block [col0, col0 + tile_n) crosses the sequence end or a mask edge for
+        some row of [row0, row0 + tile_m)."""
+        need = col0 + self.tile_n > sk
+        if cutlass.const_expr(self.causal):
+            need = need or (col0 + self.tile_n > row0 + sk - sq + 1)
+        if cutlass.const_expr(self.local):
+            need = need or (col0 + self.tile_n > row0 + sk - sq + window_right + 1)
+            need = need or (col0 < row0 + self.tile_m - 1 + sk - sq - window_left)
+        return need
 
     def pingpong_wait(self, wg):
         if cutlass.const_expr(self.pingpong):
@@ -520,17 +609,27 @@ class FlashFwdSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def apply_mask(self, acc_S_mn, tidx, col0, row0, seqlen_q, seqlen_k):
-        """-inf where col >= seqlen_k or, if causal, col > row + seqlen_k - seqlen_q."""
+    def apply_mask(self, acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right):
+        """-inf outside the visible keys: col >= sk; causal: col > row + sk - sq; local: col
+        outside [row + sk - sq - window_left, row + sk - sq + window_right]."""
         thr_col = col0 + 2 * (tidx % 4)
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-            limit = seqlen_k - thr_col
+            diag = row0 + _frag_row(tidx, r) + sk - sq - thr_col
+            hi = sk - thr_col  # columns c with c < hi are visible (c relative to thr_col)
+            lo = Int32(-(1 << 30))
             if cutlass.const_expr(self.causal):
-                limit = cutlass.min(
-                    limit, row0 + _frag_row(tidx, r) + seqlen_k - seqlen_q + 1 - thr_col)
+                hi = cutlass.min(hi, diag + 1)
+            if cutlass.const_expr(self.local):
+                hi = cutlass.min(hi, diag + window_right + 1)
+                lo = diag - window_left
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                if _frag_col_static(c) >= limit:
-                    acc_S_mn[r, c] = -Float32.inf
+                cs = _frag_col_static(c)
+                if cutlass.const_expr(self.local):
+                    if cs >= hi or cs < lo:
+                        acc_S_mn[r, c] = -Float32.inf
+                else:
+                    if cs >= hi:
+                        acc_S_mn[r, c] = -Float32.inf
 
     @cute.jit
     def online_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2):
@@ -556,11 +655,12 @@ class FlashFwdSm90:
 
     @cute.jit
     def epilogue(self, tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
-                 o_stride_s, o_stride_h, o_stride_b,
-                 m_block, head, batch, seqlen_q, num_heads, softmax_scale):
+                 o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
+                 m_block, head, batch, q_start, sq, softmax_scale):
+        """O /= row sum; LSE = max * scale + log(sum) (or -inf for rows that saw no key)."""
         n_rows = cute.size(acc_O_mn, mode=[0])
         row0 = m_block * self.tile_m
-        lse_base = (batch * num_heads + head) * seqlen_q
+        lse_base = Int64(head) * lse_stride_h + Int64(batch) * lse_stride_b + Int64(q_start)
         for r in cutlass.range_constexpr(n_rows):
             total = row_sum[r]
             total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
@@ -573,21 +673,21 @@ class FlashFwdSm90:
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv
             row = row0 + _frag_row(tidx, r)
-            if tidx % 4 == 0 and row < seqlen_q:
-                lse_t = cute.make_tensor(lse_ptr + (lse_base + row), cute.make_layout(1))
+            if tidx % 4 == 0 and row < sq:
+                lse_t = cute.make_tensor(lse_ptr + (lse_base + Int64(row)), cute.make_layout(1))
                 lse_t[0] = lse
 
         rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         # Adjacent columns pairs (c, c+1) sit next to each other in the fragment: store them as
-        # one 32-bit word (the runtime requires 16-byte aligned output strides).
+        # one 32-bit word. The runtime guarantees 16-byte aligned output strides: tell the
+        # compiler, so the 32-bit stores stay 32-bit.
         rO32 = cute.recast_tensor(rO, cutlass.Uint32)
-        # The runtime guarantees 16-byte aligned output strides: tell the compiler, so the
-        # 32-bit stores below stay 32-bit.
         o_stride_s = cute.assume(o_stride_s, divby=8)
         o_stride_h = cute.assume(o_stride_h, divby=8)
         o_stride_b = cute.assume(o_stride_b, divby=8)
-        o_off = Int64(head) * o_stride_h + Int64(batch) * o_stride_b + Int64(row0) * o_stride_s
+        o_off = (Int64(head) * o_stride_h + Int64(batch) * o_stride_b
+                 + Int64(q_start + row0) * o_stride_s)
         gO32 = cute.make_tensor(
             cute.recast_ptr(o_ptr + o_off, dtype=cutlass.Uint32),
             cute.make_layout((self.tile_m, self.hd // 2), stride=(o_stride_s // 2, 1)))
@@ -595,6 +695,6 @@ class FlashFwdSm90:
         pair0 = tidx % 4
         for r in cutlass.range_constexpr(cute.size(rO32_mn, mode=[0])):
             rr = _frag_row(tidx, r)
-            if row0 + rr < seqlen_q:
+            if row0 + rr < sq:
                 for j in cutlass.range_constexpr(cute.size(rO32_mn, mode=[1])):
                     gO32[rr, pair0 + 4 * j] = rO32_mn[r, j]
