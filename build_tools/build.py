@@ -1,13 +1,32 @@
 """Build the shipped artifact set: CuTe DSL -> PTX -> ptxas (chosen version) -> cubin -> manifest.
 
-    python build_tools/build.py [--ptxas 13.1] [--only REGEX] [--jobs N] [--force]
-                                [--allow-isa-rewrite] [--out artifacts] [--check-reproducible]
+    python build_tools/build.py [--ptxas 13.1|best] [--best-candidates 13.0,13.1] [--only REGEX]
+                                [--jobs N] [--force] [--allow-isa-rewrite] [--out artifacts]
+                                [--check-reproducible]
 
 Every configuration of ``fa4_aot.configs.CONFIG_SPACE`` is compiled in its own process (the DSL
 names entries with a per-process counter), in parallel over the cores. A configuration is
 rebuilt only when its fingerprint changes: kernel sources, nvidia-cutlass-dsl version, ptxas
-version, configuration. ``--check-reproducible`` rebuilds everything into a temporary folder
-and compares each cubin's sha256 with the committed manifest (exit 1 on a difference).
+version (with ``--ptxas best``: the full versions of every candidate), configuration.
+``--check-reproducible`` rebuilds everything into a temporary folder and compares each cubin's
+sha256 with the committed manifest (exit 1 on a difference).
+
+``--ptxas best`` assembles each configuration's PTX with every candidate ptxas (default: all of
+``toolchain.SUPPORTED_PTXAS``, i.e. 12.9 and 13.0 ... 13.5; restrict with ``--best-candidates``
+or ``$FA4_AOT_BEST_CANDIDATES``) and ships, per kernel, the cubin of the candidate that ranks
+first by (``spill_report.pick_best``):
+
+  1. no spill bytes (ptxas -v spill stores + loads == 0) before any spill bytes;
+  2. then the fewest LDL + STL instructions in the SASS (role spills under setmaxnreg);
+  3. then the fewest registers;
+  4. then the newest ptxas.
+
+The kernel's manifest record then carries ``ptxas_choice = {"mode": "best", "chosen": release,
+"candidates": {release: {ptxas_version, registers, spill_store_bytes, spill_load_bytes, ldl,
+stl} | {ptxas_version, error}}, "reason": ...}`` and the build record says ``"ptxas_release":
+"best"`` with the releases tried in ``ptxas_candidates``. A candidate that fails to assemble is
+recorded with its error and skipped; the kernel fails only when every candidate fails. ptxas
+12.8 (PTX ISA rewrite) is never a candidate.
 """
 
 from __future__ import annotations
@@ -30,10 +49,14 @@ sys.path.insert(0, str(ROOT))
 
 from build_tools import toolchain as tcm  # noqa: E402
 from build_tools.inspect_cubin import inspect_cubin, parse_ptx_entries, verify_ptxas  # noqa: E402
+from build_tools.spill_report import pick_best  # noqa: E402
 from fa4_aot import abi  # noqa: E402
 from fa4_aot.configs import CONFIG_SPACE, KernelConfig  # noqa: E402
 
 SCHEMA_VERSION = 1
+BEST = "best"  # --ptxas best: per kernel, the best of several ptxas releases
+BEST_CANDIDATES_ENV = "FA4_AOT_BEST_CANDIDATES"
+CANDIDATE_FIELDS = ("registers", "spill_store_bytes", "spill_load_bytes", "ldl", "stl")
 CUTLASS_DSL_PIN = "4.8.1"
 # Everything a kernel's binary depends on, besides the toolchain versions.
 SOURCE_FILES = sorted(
@@ -71,28 +94,31 @@ def _installed_dsl_version() -> str:
                          f"`pip install nvidia-cutlass-dsl=={CUTLASS_DSL_PIN}`")
 
 
-def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool,
-              compiled: dict) -> dict:
-    """ptxas + inspection for one configuration whose PTX is already at out/<arch>/<name>.ptx."""
-    kdir = out / cfg.arch
-    ptx_path = kdir / f"{cfg.name}.ptx"
-    ptx_text = ptx_path.read_text()
+def _assemble_checked(cfg: KernelConfig, tc: tcm.Toolchain, ptx_path: Path, ptx_text: str,
+                      cubin: Path, log_path: Path, isa_rewrite: bool, entry: str) -> dict:
+    """ptxas one PTX into ``cubin`` (its -v log to ``log_path``), inspect it, check the entry
+    and that ``tc``'s ptxas built it. Returns the inspect_cubin() result."""
     asm_input = ptx_path
     if isa_rewrite:
         fitted = tcm.fit_ptx_isa(ptx_text, tc.ptxas_release)
         if fitted != ptx_text:
-            asm_input = kdir / f"{cfg.name}.isa-rewritten.ptx"
+            asm_input = cubin.parent / f"{cfg.name}.isa-rewritten.ptx"
             asm_input.write_text(fitted)
-    cubin = kdir / f"{cfg.name}.cubin"
     log = tcm.assemble(tc, asm_input, cubin, arch=cfg.arch)
     if asm_input != ptx_path:
         asm_input.unlink()
-    (kdir / f"{cfg.name}.ptxas.log").write_text(log)
+    log_path.write_text(log)
     info = inspect_cubin(tc, cubin, log)
-    entry = compiled["entry"]
     if entry not in info["entries"]:
         raise RuntimeError(f"{cfg.name}: entry {entry} missing from the cubin")
     verify_ptxas(info, tc)
+    return info
+
+
+def _record(cfg: KernelConfig, tc: tcm.Toolchain, info: dict, compiled: dict,
+            ptx_text: str) -> dict:
+    """The manifest record of one kernel whose cubin/log are at out/<arch>/<name>.*"""
+    entry = compiled["entry"]
     launch = abi.launch_record(cfg, compiled["dynamic_smem_bytes"])
     problems = abi.check_against_ptx(launch["params"], parse_ptx_entries(ptx_text)[entry])
     if problems:
@@ -123,6 +149,85 @@ def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool
     }
 
 
+def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool,
+              compiled: dict) -> dict:
+    """ptxas + inspection for one configuration whose PTX is already at out/<arch>/<name>.ptx."""
+    kdir = out / cfg.arch
+    ptx_path = kdir / f"{cfg.name}.ptx"
+    ptx_text = ptx_path.read_text()
+    info = _assemble_checked(cfg, tc, ptx_path, ptx_text, kdir / f"{cfg.name}.cubin",
+                             kdir / f"{cfg.name}.ptxas.log", isa_rewrite, compiled["entry"])
+    return _record(cfg, tc, info, compiled, ptx_text)
+
+
+# --------------------------------------------------------------------------- --ptxas best
+
+
+def best_candidates(spec: str | None) -> list[str]:
+    """Candidate releases for ``--ptxas best``: ``spec`` ("13.0,13.1") or every supported
+    release; validated, de-duplicated, oldest first. 12.8 (ISA rewrite) is refused."""
+    releases = [r.strip() for r in (spec or "").split(",") if r.strip()] or list(tcm.SUPPORTED_PTXAS)
+    for r in releases:
+        if r in tcm.ISA_REWRITE_PTXAS:
+            raise tcm.ToolchainError(
+                f"ptxas {r} cannot be a --ptxas best candidate (it needs the PTX ISA rewrite); "
+                f"build with it explicitly: --ptxas {r} --allow-isa-rewrite")
+        tcm.check_ptxas_release(r)
+    return sorted(dict.fromkeys(releases), key=tcm.version_key)
+
+
+def choose_ptxas(candidates: dict[str, dict]) -> tuple[str, str]:
+    """Pick the release to ship from ``{release: {ptxas_version, registers, spill_store_bytes,
+    spill_load_bytes, ldl, stl}}`` (entries with an ``error`` are ignored).
+
+    The order is spill_report.pick_best's: no spill bytes first, then the fewest LDL+STL, then
+    the fewest registers, then the newest ptxas. Returns ``(release, reason)``."""
+    rows = [{"ptxas_release": rel, **c} for rel, c in candidates.items() if "error" not in c]
+    if not rows:
+        raise ValueError("no candidate assembled")
+    return pick_best(rows)
+
+
+def build_one_best(cfg: KernelConfig, tcs: dict[str, tcm.Toolchain], out: Path, compiled: dict,
+                   pool: cf.Executor) -> dict:
+    """Assemble one configuration's PTX with every candidate ptxas (in ``pool``), ship the
+    best cubin at out/<arch>/<name>.cubin and return its record with ``ptxas_choice``."""
+    kdir = out / cfg.arch
+    ptx_path = kdir / f"{cfg.name}.ptx"
+    ptx_text = ptx_path.read_text()
+    entry = compiled["entry"]
+    with tempfile.TemporaryDirectory(prefix=f".{cfg.name}.best-", dir=kdir) as tmp:
+        work = Path(tmp)
+        futs = {rel: pool.submit(_assemble_checked, cfg, tc, ptx_path, ptx_text,
+                                 work / f"{rel}.cubin", work / f"{rel}.ptxas.log", False, entry)
+                for rel, tc in tcs.items()}
+        infos, candidates = {}, {}
+        for rel, fut in futs.items():
+            try:
+                infos[rel] = fut.result()
+            except Exception as e:  # one ptxas failing must not hide what the others did
+                first = (str(e).strip().splitlines() or [""])[0]
+                candidates[rel] = {"ptxas_version": tcs[rel].ptxas_version,
+                                   "error": f"{type(e).__name__}: {first}"}
+                continue
+            res = infos[rel]["entries"][entry]
+            candidates[rel] = {"ptxas_version": tcs[rel].ptxas_version,
+                               **{k: res[k] for k in CANDIDATE_FIELDS}}
+        if not infos:
+            raise RuntimeError(f"{cfg.name}: every ptxas candidate failed: " + "; ".join(
+                f"{rel}: {c['error']}" for rel, c in candidates.items()))
+        chosen, reason = choose_ptxas(candidates)
+        failed = [rel for rel, c in candidates.items() if "error" in c]
+        if failed:
+            reason += f"; failed to assemble: {', '.join(failed)}"
+        os.replace(work / f"{chosen}.cubin", kdir / f"{cfg.name}.cubin")
+        os.replace(work / f"{chosen}.ptxas.log", kdir / f"{cfg.name}.ptxas.log")
+    rec = _record(cfg, tcs[chosen], infos[chosen], compiled, ptx_text)
+    rec["ptxas_choice"] = {"mode": BEST, "chosen": chosen, "candidates": candidates,
+                           "reason": reason}
+    return rec
+
+
 def _progress(done: int, total: int, name: str, status: str, t0: float):
     width = 24
     fill = int(width * done / max(total, 1))
@@ -131,17 +236,29 @@ def _progress(done: int, total: int, name: str, status: str, t0: float):
 
 
 def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
-          allow_isa_rewrite: bool, variants: list[str] = ()) -> int:
+          allow_isa_rewrite: bool, variants: list[str] = (),
+          candidates: str | None = None) -> int:
+    """``ptxas`` is a release or ``"best"``; ``candidates`` ("13.0,13.1") restricts ``best``."""
     dsl_version = _installed_dsl_version()
     if dsl_version != CUTLASS_DSL_PIN:
         print(f"warning: nvidia-cutlass-dsl {dsl_version} installed, pinned {CUTLASS_DSL_PIN}",
               file=sys.stderr)
+    best = ptxas == BEST
     try:
-        tc = tcm.get_toolchain(ptxas, allow_isa_rewrite=allow_isa_rewrite)
+        if best:
+            releases = best_candidates(candidates)
+            with cf.ThreadPoolExecutor(max_workers=len(releases)) as fetch:
+                tcs = dict(zip(releases, fetch.map(tcm.get_toolchain, releases)))
+            tc = None
+        else:
+            tc = tcm.get_toolchain(ptxas, allow_isa_rewrite=allow_isa_rewrite)
     except tcm.ToolchainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     isa_rewrite = ptxas in tcm.ISA_REWRITE_PTXAS
+    # What the fingerprint knows of ptxas: its full version, or every candidate's.
+    ptxas_key = ("best:" + ",".join(t.ptxas_version for t in tcs.values())) if best \
+        else tc.ptxas_version
     if isa_rewrite:
         print(f"WARNING: ptxas {ptxas} accepts PTX ISA {tcm.PTX_ISA_BY_PTXAS[ptxas]} only; the "
               f"DSL emits {tcm.PTX_ISA_BY_PTXAS['12.9']}. Rewriting the .version header as you "
@@ -163,7 +280,7 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
 
     todo, kept = [], {}
     for cfg in configs:
-        fp = kernel_fingerprint(cfg, src_fp, dsl_version, tc.ptxas_version, isa_rewrite)
+        fp = kernel_fingerprint(cfg, src_fp, dsl_version, ptxas_key, isa_rewrite)
         rec = old_kernels.get(cfg.name)
         if (not force and rec and rec.get("fingerprint") == fp
                 and (out / rec["cubin"]).exists() and (out / rec["ptx"]).exists()):
@@ -171,13 +288,17 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
         else:
             todo.append((cfg, fp))
     print(f"fa4_aot build: {len(configs)} configurations, {len(kept)} up to date, "
-          f"{len(todo)} to build; ptxas {tc.ptxas_version}, nvidia-cutlass-dsl {dsl_version}",
+          f"{len(todo)} to build; ptxas "
+          + (f"best of {', '.join(t.ptxas_version for t in tcs.values())}" if best
+             else tc.ptxas_version) + f", nvidia-cutlass-dsl {dsl_version}",
           flush=True)
 
     t0 = time.time()
     results, failures = {}, {}
     for arch in {c.arch for c, _ in todo}:
         (out / arch).mkdir(parents=True, exist_ok=True)
+    # --ptxas best: the candidate assemblies of a configuration run in these threads.
+    asm_pool = cf.ThreadPoolExecutor(max_workers=max(jobs, 1)) if best else None
     with cf.ProcessPoolExecutor(max_workers=jobs, max_tasks_per_child=1) as pool:
         futs = {pool.submit(_compile_worker, cfg.to_dict(),
                             str(out / cfg.arch / f"{cfg.name}.ptx")): (cfg, fp)
@@ -187,20 +308,39 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             cfg, fp = futs[fut]
             done += 1
             try:
-                rec = build_one(cfg, tc, out, isa_rewrite, fut.result())
+                if best:
+                    rec = build_one_best(cfg, tcs, out, fut.result(), asm_pool)
+                else:
+                    rec = build_one(cfg, tc, out, isa_rewrite, fut.result())
                 rec["fingerprint"] = fp
                 results[cfg.name] = rec
                 _progress(done, len(todo), cfg.name, "ok", t0)
             except Exception as e:  # a failing configuration must not stop the others
                 failures[cfg.name] = f"{type(e).__name__}: {e}"
                 _progress(done, len(todo), cfg.name, "FAILED", t0)
+    if asm_pool is not None:
+        asm_pool.shutdown()
 
     kernels = {**{k: v for k, v in old_kernels.items() if k not in results}, **kept, **results}
     known = {c.name for c in space}
     kernels = {k: kernels[k] for k in sorted(kernels) if k in known}
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "build": {
+    if best:
+        first = next(iter(tcs.values()))
+        build_record = {
+            "cutlass_dsl_version": dsl_version,
+            "ptxas_release": BEST,
+            "ptxas_version": BEST,  # per kernel: kernels[*].ptxas_version / ptxas_choice
+            "ptxas_candidates": list(tcs),
+            "ptxas_candidate_versions": {rel: t.ptxas_version for rel, t in tcs.items()},
+            # every candidate accepts this much (the oldest candidate's maximum)
+            "ptx_isa_accepted": tcm.PTX_ISA_BY_PTXAS[first.ptxas_release],
+            "ptx_isa_rewritten": False,
+            "cuobjdump_version": first.cuobjdump_version,
+            "source_fingerprint": src_fp,
+            "abi_version": abi.ABI_VERSION,
+        }
+    else:
+        build_record = {
             "cutlass_dsl_version": dsl_version,
             "ptxas_release": tc.ptxas_release,
             "ptxas_version": tc.ptxas_version,
@@ -209,21 +349,29 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             "cuobjdump_version": tc.cuobjdump_version,
             "source_fingerprint": src_fp,
             "abi_version": abi.ABI_VERSION,
-        },
+        }
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "build": build_record,
         "kernels": kernels,
     }
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     print(f"wrote {manifest_path} ({len(kernels)} kernels) in {time.time() - t0:.0f}s")
+    for name, rec in sorted(results.items()):
+        if best:
+            choice = rec["ptxas_choice"]
+            print(f"ptxas best: {name} -> {choice['chosen']} ({choice['reason']})")
     for name, err in sorted(failures.items()):
         print(f"FAILED {name}: {err}", file=sys.stderr)
     return 1 if failures else 0
 
 
-def check_reproducible(ptxas: str, jobs: int, only: str | None) -> int:
+def check_reproducible(ptxas: str, jobs: int, only: str | None,
+                       candidates: str | None = None) -> int:
     """Rebuild into a temp dir and compare sha256s with the committed manifest."""
     committed = json.loads((ROOT / "artifacts/manifest.json").read_text())
     with tempfile.TemporaryDirectory(prefix="fa4aot_repro_") as tmp:
-        rc = build(ptxas, Path(tmp), only, jobs, True, False)
+        rc = build(ptxas, Path(tmp), only, jobs, True, False, candidates=candidates)
         fresh = json.loads((Path(tmp) / "manifest.json").read_text())
         bad = 0
         for name, rec in fresh["kernels"].items():
@@ -249,7 +397,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ptxas", default=os.environ.get("PTXAS") or tcm.DEFAULT_PTXAS,
                     help=f"ptxas release ({', '.join(tcm.SUPPORTED_PTXAS)}; default "
-                         f"{tcm.DEFAULT_PTXAS})")
+                         f"{tcm.DEFAULT_PTXAS}), or '{BEST}': assemble every kernel with each "
+                         "candidate release and ship, per kernel, the one with no spill bytes, "
+                         "then the fewest LDL+STL, then the fewest registers, then the newest "
+                         "ptxas (the manifest records every candidate and the reason)")
+    ap.add_argument("--best-candidates", metavar="X.Y,X.Y",
+                    help=f"with --ptxas {BEST}: the releases to try (default "
+                         f"${BEST_CANDIDATES_ENV}, else all of "
+                         f"{','.join(tcm.SUPPORTED_PTXAS)})")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--only", help="regex over configuration names")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -261,10 +416,17 @@ def main(argv=None) -> int:
                     help="comma-separated experimental kernel variants to build too (use with "
                          "--out elsewhere; see FlashFwdSm90 for the tokens)")
     a = ap.parse_args(argv)
+    if a.best_candidates is not None and a.ptxas != BEST:
+        print(f"error: --best-candidates needs --ptxas {BEST} (got --ptxas {a.ptxas})",
+              file=sys.stderr)
+        return 2
+    candidates = a.best_candidates if a.best_candidates is not None \
+        else os.environ.get(BEST_CANDIDATES_ENV)
     if a.check_reproducible:
-        return check_reproducible(a.ptxas, a.jobs, a.only)
+        return check_reproducible(a.ptxas, a.jobs, a.only, candidates)
     variants = [v for v in a.variants.split(",") if v]
-    return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite, variants)
+    return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite, variants,
+                 candidates)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 import threading
+from functools import lru_cache
 
 from . import runtime
 from .configs import SCHEDULERS_BY_ARCH
 from .manifest import load_manifest
 from .schedule import choose_section
+
+_section = lru_cache(maxsize=4096)(choose_section)  # pure; called on every launch
 
 SCHEDULERS = ("auto", "single", "static", "steal", "clc")
 _ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
@@ -40,18 +43,20 @@ def _check_tensor(name, t, torch, rank=4, layout="(batch, seqlen, heads, head_di
         if t.shape[ax] > 1 and (t.stride(ax) * t.element_size()) % 16:
             raise ValueError(f"{name}.stride({ax}) = {t.stride(ax)} elements is not a multiple of "
                              f"16 bytes (TMA needs 16-byte aligned strides)")
-    if t.data_ptr() % 16:
+    if not torch.compiler.is_compiling() and t.data_ptr() % 16:  # no pointer while tracing
         raise ValueError(f"{name} data pointer must be 16-byte aligned")
 
 
-def resolve_scheduler(scheduler: str, causal: bool, arch: str = "sm_90a") -> str:
-    """``auto``: on sm_90a work stealing for causal (imbalanced tiles) and one CTA per tile
-    otherwise (rule from the scheduler table in docs/perf-notes.md, measured on the H200); on
-    sm_100a CLC. ``steal`` on sm_100a means CLC, Blackwell's work-stealing mechanism."""
+def resolve_scheduler(scheduler: str, imbalanced: bool, arch: str = "sm_90a") -> str:
+    """``auto``: on sm_90a work stealing when tiles differ in cost (causal, sliding window,
+    varlen documents) and one CTA per tile for dense non-causal attention, where all tiles cost
+    the same and the hardware's own block scheduler balances as well (rule from the scheduler
+    table in docs/perf-notes.md, measured on the H200); on sm_100a CLC. ``steal`` on sm_100a
+    means CLC, Blackwell's work-stealing mechanism."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
     if scheduler == "auto":
-        scheduler = ("steal" if causal else "single") if arch == "sm_90a" else "clc"
+        scheduler = ("steal" if imbalanced else "single") if arch == "sm_90a" else "clc"
     elif scheduler == "steal" and arch == "sm_100a":
         scheduler = "clc"
     if scheduler not in SCHEDULERS_BY_ARCH[arch]:
@@ -61,10 +66,11 @@ def resolve_scheduler(scheduler: str, causal: bool, arch: str = "sm_90a") -> str
 
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
-                  trace: bool = False, variant: str = "", local: bool = False):
+                  trace: bool = False, variant: str = "", local: bool = False,
+                  varlen: bool = False):
     """(manifest name, record) of the kernel for this device and problem."""
     arch = _device_arch(device)
-    sched = resolve_scheduler(scheduler, causal, arch)
+    sched = resolve_scheduler(scheduler, causal or local or varlen, arch)
     return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, sched,
                                 trace=trace, variant=variant, local=local)
 
@@ -144,7 +150,7 @@ def _window(window_size, causal):
 
 def _device_arch(device) -> str:
     import torch
-    cap = torch.cuda.get_device_capability(device)
+    cap = torch.cuda.get_device_capability(device)  # cached by torch
     arch = _ARCH_BY_CAPABILITY.get(cap)
     if arch is None:
         raise RuntimeError(f"fa4_aot has kernels for sm_90a (H100/H200) and sm_100a (B200); "
@@ -210,12 +216,14 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
             isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
             and out.device == q.device and out.stride(-1) == 1
             and all(out.stride(i) % 8 == 0 for i in range(out.dim() - 1))
-            and out.data_ptr() % 16 == 0):
+            and (torch.compiler.is_compiling() or out.data_ptr() % 16 == 0)):
         raise ValueError("out must be a tensor with q's shape, dtype and device, a contiguous last "
                          "dim and 16-byte aligned strides and data pointer; got "
                          f"{getattr(out, 'shape', out)!r}")
-    if out is None and _trace is None and not _variant:
-        # The torch.library op (fa4_aot/ops.py): traceable by torch.compile.
+    if torch.compiler.is_compiling() and out is None and _trace is None and not _variant:
+        # Under torch.compile: the torch.library op (fa4_aot/ops.py), which dynamo can trace.
+        # Eager calls go straight to forward(): the op's dispatch costs ~25 us a call and
+        # its first call imports torch._dynamo (seconds).
         o, lse = torch.ops.fa4_aot.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q or 0, max_seqlen_k or 0, causal,
                                        softmax_scale, left if local else -1,
@@ -255,8 +263,9 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         lse.fill_(-math.inf)
         return out, lse
 
-    name, rec = select_kernel(q.device, q.dtype, d, causal, scheduler, trace is not None,
-                              variant, local)
+    # A window is its own kernel (causal windows are local with window_right = 0).
+    name, rec = select_kernel(q.device, q.dtype, d, causal and not local, scheduler,
+                              trace is not None, variant, local, varlen)
     launch = rec["launch"]
     if (varlen or local) and not any(p["name"] == "varlen" for p in launch["params"]):
         raise ValueError(f"varlen and window_size are not supported by the {rec['arch']} kernels")
@@ -274,7 +283,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         "seqlen_q": sq, "seqlen_k": sk, "num_heads": h, "num_heads_k": hk, "batch": b,
         "q_rows": q4.shape[1], "k_rows": k4.shape[1], "tma_batch": q4.shape[0],
         "qhead_per_kvhead": h // hk, "num_m_blocks": num_m_blocks,
-        "section": choose_section(h, b, sk, d, q.element_size(), h // hk),
+        "section": _section(h, b, sk, d, q.element_size(), h // hk),
         "num_tiles": num_tiles,
         "softmax_scale_log2": scale * math.log2(math.e), "softmax_scale": scale,
         "o_ptr": out.data_ptr(), "o_stride_s": out4.stride(1), "o_stride_h": out4.stride(2),

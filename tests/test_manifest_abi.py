@@ -113,7 +113,9 @@ def test_sha256_mismatch_detected(tmp_path):
     shutil.copytree(ART, tmp_path / "a")
     name = sorted(MANIFEST["kernels"])[0]
     cubin = tmp_path / "a" / MANIFEST["kernels"][name]["cubin"]
-    cubin.write_bytes(cubin.read_bytes()[:-1] + b"\x00")
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # flip one byte in the middle
+    cubin.write_bytes(bytes(data))
     m = Manifest(tmp_path / "a")
     with pytest.raises(ManifestError, match="corrupt"):
         m.cubin_bytes(name)

@@ -47,6 +47,8 @@ def test_grid_rule_uses_sm_count_at_launch():
 
 def test_scheduler_resolution():
     assert resolve_scheduler("auto", True) == "steal"
+    assert resolve_scheduler("auto", False) == "single"
+    assert resolve_scheduler("auto", True, "sm_100a") == "clc"
     assert resolve_scheduler("static", False) == "static"
     with pytest.raises(ValueError, match="scheduler must be one of"):
         resolve_scheduler("fast", False)

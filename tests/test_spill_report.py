@@ -301,3 +301,70 @@ def test_ptxas_failure_carries_its_message(toolchains, tmp_path):
     bad.write_text(WG_PTX.read_text().replace("setmaxnreg.inc.sync.aligned.u32", "setmaxnreg.bogus.u32"))
     with pytest.raises(tcm.ToolchainError, match=r"ptxas 13\.1\.\d+ failed(.|\n)*bad\.ptx"):
         tcm.assemble(toolchains["13.1"], bad, tmp_path / "bad.cubin")
+
+
+# --------------------------------------------------------------------------- build --ptxas best
+
+
+def test_pick_best_newest_is_numeric_not_lexical():
+    def bare(release: str, version: str) -> dict:
+        return {"ptxas_release": release, "ptxas_version": version, **resources()}
+
+    assert pick_best([bare("12.9", "12.9.86"), bare("13.0", "13.0.88")])[0] == "13.0"
+    assert pick_best([bare("13.9", "13.9.1"), bare("13.10", "13.10.0")])[0] == "13.10"
+
+
+def test_best_manifest_shows_each_kernels_chosen_ptxas(capsys, tmp_path):
+    """A `build.py --ptxas best` manifest: kernels carry different ptxas versions and a
+    ptxas_choice record; the report shows each kernel's own version and still flags spills."""
+    clean = kernel_record("fwd_clean", resources()) | {"ptxas_version": "13.5.37"}
+    spill = kernel_record("fwd_spill", resources(spill_st=8, spill_ld=8, ldl=2, stl=2)) | {
+        "ptxas_version": "12.9.86"}
+    for rec, chosen in ((clean, "13.5"), (spill, "12.9")):
+        rec["ptxas_choice"] = {"mode": "best", "chosen": chosen, "reason": "only version tried",
+                               "candidates": {chosen: {"ptxas_version": rec["ptxas_version"]}}}
+    path = write_manifest(tmp_path, {"fwd_clean": clean, "fwd_spill": spill})
+    data = json.loads(path.read_text())
+    data["build"] |= {"ptxas_release": "best", "ptxas_version": "best",
+                      "ptxas_candidates": ["12.9", "13.5"]}
+    path.write_text(json.dumps(data))
+    rc, out, _ = run(capsys, "--manifest", path, "--format", "json")
+    rows = {r["kernel"]: r for r in json.loads(out)}
+    assert rc == 0
+    assert (rows["fwd_clean"]["ptxas_release"], rows["fwd_spill"]["ptxas_release"]) == ("13.5", "12.9")
+    rc, _, err = run(capsys, "--manifest", path, "--fail-on-spill")
+    assert rc == 1 and "fwd_spill (ptxas 12.9.86)" in err and "fwd_clean" not in err
+
+
+# --------------------------------------------------------------------------- name experiment helpers
+
+
+def test_name_experiment_masks_names_and_counts_opcodes():
+    from build_tools import name_experiment as ne
+
+    sass = (FIXTURES / "wg_gemm.ptxas-13.1.115.nvdisasm.txt").read_text()
+    insns = ne.sass_instructions(sass, [WG_ENTRY])
+    assert insns[:2] == ["LDC R1, c[0x0][0x28]", "S2R R0, SR_TID.X"]
+    assert not any(WG_ENTRY in i or "/*" in i for i in insns)
+    hist = ne.opcode_histogram(["@P0 BRA `(.L_x_0)", "@!P1 IMAD.MOV.U32 R1, RZ, RZ, R2", "BRA `(.L_x_1)"])
+    assert hist == {"BRA": 2, "IMAD.MOV.U32": 1}
+    assert ne.histogram_distance(hist, ne.opcode_histogram(["MOV R1, R2", "BRA x", "BRA y"])) == 2
+    assert ne.changed_lines(["A", "B", "C"], ["A", "B", "C"]) == 0
+    assert ne.changed_lines(["A", "B", "C"], ["A", "X", "C", "D"]) == 2
+
+
+def test_name_experiment_renames_entries_and_their_params():
+    from build_tools import name_experiment as ne
+
+    text = WG_PTX.read_text()
+    assert "cutlass" in WG_ENTRY
+    for variant, token in (("neutral", "neutral"), ("control", ne.CONTROL_TOKEN)):
+        renamed, mapping = ne.rename_entries(text, variant)
+        assert mapping == {WG_ENTRY: WG_ENTRY.replace("cutlass", token)}
+        assert "cutlass" not in renamed  # the entry and its <entry>_param_N names
+        assert ne.normalized_ptx(renamed) == ne.normalized_ptx(text)
+    assert ne.rename_entries(text, "cutlass")[0] == text
+    assert ne.variant_name("fa4aot_k_0", "cutlass") == "fa4aot_k_0_cutlass"
+    assert ne.variant_name("fa4aot_k_0", "control") == f"fa4aot_k_0_{ne.CONTROL_TOKEN}"
+    assert ne.variant_name("fa4aot_k_0", "neutral") == "fa4aot_k_0"
+    assert len(ne.CONTROL_TOKEN) == len("cutlass")
