@@ -166,7 +166,8 @@ def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool
 def best_candidates(spec: str | None) -> list[str]:
     """Candidate releases for ``--ptxas best``: ``spec`` ("13.0,13.1") or every supported
     release; validated, de-duplicated, oldest first. 12.8 (ISA rewrite) is refused."""
-    releases = [r.strip() for r in (spec or "").split(",") if r.strip()] or list(tcm.SUPPORTED_PTXAS)
+    releases = [r.strip() for r in (spec or "").split(",") if r.strip()]
+    releases = releases or list(tcm.SUPPORTED_PTXAS)
     for r in releases:
         if r in tcm.ISA_REWRITE_PTXAS:
             raise tcm.ToolchainError(

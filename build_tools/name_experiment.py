@@ -261,7 +261,8 @@ def render_md(rows: list[dict]) -> str:
         lines.append("")
         lines.append("largest opcode-count changes, cutlass minus neutral:")
         for r in changes:
-            top = ", ".join(f"{k} {v:+d}" for k, v in r["opcode_changes_cutlass_minus_neutral"].items())
+            delta = r["opcode_changes_cutlass_minus_neutral"]
+            top = ", ".join(f"{k} {v:+d}" for k, v in delta.items())
             lines.append(f"- {r['kernel']}, ptxas {r['ptxas']}: {top}")
     return "\n".join(lines)
 

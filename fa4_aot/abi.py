@@ -63,12 +63,22 @@ AXES = {"b": 0, "s": 1, "h": 2, "d": 3}
 GRID_RULES = ("tiles", "persistent")
 
 
-def _tensormap(name, tensor, dtype, box):
+def _tensormap(name, tensor, dtype, box, swizzle):
     return {
         "name": name, "kind": "tensormap", "size": 128, "align": 64,
         "tensor": tensor, "dtype": dtype, "dims": ["d", "s", "h", "b"], "box": list(box),
-        "swizzle": "128B", "interleave": "none", "l2_promotion": "256B", "oob_fill": "zero",
+        "swizzle": swizzle, "interleave": "none", "l2_promotion": "256B", "oob_fill": "zero",
     }
+
+
+def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
+    """(box elements along d, swizzle) of the TMA loads: the widest swizzle (128/64/32 bytes)
+    whose row divides head_dim — the shared-memory layout atom the CuTe DSL picks for a
+    d-contiguous wgmma operand, so the TMA box is one swizzle row wide."""
+    for sw in (128, 64, 32):
+        if (head_dim * elem_bytes) % sw == 0:
+            return sw // elem_bytes, f"{sw}B"
+    raise ValueError(f"head_dim {head_dim}: rows are not a multiple of 32 bytes")
 
 
 def _shape(name, values):
@@ -94,14 +104,13 @@ EXTENDED_BY_ARCH = {"sm_90a": True, "sm_100a": False}
 def fwd_params(dtype: str, head_dim: int, tile_m: int, tile_n: int,
                n_static: int = 2, extended: bool = True) -> list[dict]:
     """Parameter list of the forward kernels, in order (the kernels' ``__call__`` signatures)."""
-    box_inner = 64  # 128-byte swizzle: 64 16-bit elements per box row; d is loaded in chunks
-    assert head_dim % box_inner == 0
+    box_inner, swz = head_dim_swizzle(head_dim)  # d is loaded in box_inner-wide chunks
     params = [
-        _tensormap("tma_q", "q", dtype, (box_inner, tile_m, 1, 1)),
+        _tensormap("tma_q", "q", dtype, (box_inner, tile_m, 1, 1), swz),
         _shape("q_shape", ("q_rows", "num_heads", "tma_batch")),
-        _tensormap("tma_k", "k", dtype, (box_inner, tile_n, 1, 1)),
+        _tensormap("tma_k", "k", dtype, (box_inner, tile_n, 1, 1), swz),
         _shape("k_shape", ("k_rows", "num_heads_k", "tma_batch")),
-        _tensormap("tma_v", "v", dtype, (box_inner, tile_n, 1, 1)),
+        _tensormap("tma_v", "v", dtype, (box_inner, tile_n, 1, 1), swz),
         _shape("v_shape", ("k_rows", "num_heads_k", "tma_batch")),
         _scalar("ptr", "o_ptr"),
         _scalar("ptr", "lse_ptr"),

@@ -16,7 +16,7 @@ from typing import Iterable
 
 ARCHS = ("sm_90a", "sm_100a")
 DTYPES = ("bf16", "fp16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 # Tile schedulers per architecture. sm_90a: one CTA per tile, static persistent, work stealing
 # through a global atomic counter. sm_100a: static persistent, work stealing through cluster
 # launch control (CLC try_cancel). The shared interface is fa4_aot/kernels/tile_sched.py.
@@ -47,7 +47,10 @@ class Tile:
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile.
 TILES = {
     "sm_90a": {64: Tile(m=128, n=128, kv_stages=3),
-               128: Tile(m=128, n=128, kv_stages=2, overlap=False, pingpong=False)},
+               96: Tile(m=128, n=128, kv_stages=2, overlap=False, pingpong=False),
+               128: Tile(m=128, n=128, kv_stages=2, overlap=False, pingpong=False),
+               192: Tile(m=128, n=112, kv_stages=2, overlap=False, pingpong=False),
+               256: Tile(m=128, n=80, kv_stages=2, overlap=False, pingpong=False)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 
@@ -71,8 +74,9 @@ class KernelConfig:
             raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
+        if self.head_dim not in TILES.get(self.arch, {}):
+            raise ValueError(f"head_dim must be one of {tuple(TILES.get(self.arch, {}))} on "
+                             f"{self.arch}, got {self.head_dim!r}")
         if self.local and (self.causal or self.arch != "sm_90a"):
             raise ValueError("local (sliding window) is a mask of its own on sm_90a only; "
                              "causal windows use it with window_right = 0")
@@ -119,7 +123,7 @@ class KernelConfig:
 def _space() -> Iterable[KernelConfig]:
     for arch in ARCHS:
         for dtype in DTYPES:
-            for hd in HEAD_DIMS:
+            for hd in TILES[arch]:
                 masks = [(False, False), (True, False)] + ([(False, True)] if arch == "sm_90a" else [])
                 for causal, local in masks:
                     for sched in SCHEDULERS_BY_ARCH[arch]:

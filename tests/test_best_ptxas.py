@@ -83,6 +83,7 @@ def test_fingerprint_depends_on_the_candidate_set():
 # --------------------------------------------------------------------------- real build
 
 NAME = "fwd_sm_90a_fp16_hd64_full_single_m128n128s3"
+NO_DSL = "nvidia-cutlass-dsl not installed (make test installs it)"
 
 
 def _build(*args, env=None):
@@ -93,7 +94,7 @@ def _build(*args, env=None):
 
 @pytest.fixture(scope="module")
 def toolchains():
-    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl not installed (make test installs it)")
+    pytest.importorskip("cutlass", reason=NO_DSL)
     try:
         return {r: tcm.get_toolchain(r) for r in ("13.0", "13.1")}
     except tcm.FetchError as exc:
@@ -147,7 +148,7 @@ def test_best_build_records_the_choice_and_ships_the_chosen_cubin(toolchains, tm
 
 
 def test_best_candidates_flag_needs_best_and_refuses_12_8(tmp_path):
-    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl not installed (make test installs it)")
+    pytest.importorskip("cutlass", reason=NO_DSL)
     r = _build("--ptxas", "13.1", "--best-candidates", "13.0", "--out", str(tmp_path))
     assert r.returncode == 2 and "--best-candidates needs --ptxas best" in r.stderr
     r = _build("--ptxas", "best", "--best-candidates", "12.8,13.0", "--out", str(tmp_path),

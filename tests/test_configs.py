@@ -18,7 +18,7 @@ def test_roundtrip_dict():
         assert KernelConfig.from_dict(c.to_dict()) == c
 
 
-@pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("dtype", "fp32"), ("head_dim", 96),
+@pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("dtype", "fp32"), ("head_dim", 80),
                                          ("scheduler", "magic")])
 def test_invalid_config_rejected(field, value):
     kw = dict(arch="sm_90a", dtype="bf16", head_dim=64, causal=False, scheduler="single")

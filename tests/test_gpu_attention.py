@@ -45,7 +45,7 @@ SHAPES = [  # b, sq, sk, h, hk
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matches_reference(shape, causal, d, dtype):
@@ -56,9 +56,10 @@ def test_matches_reference(shape, causal, d, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 128, 128, 1, 1), (1, 64, 64, 1, 1), (3, 999, 1500, 5, 5),
                                    (2, 2048, 2048, 67, 67)], ids=lambda s: "x".join(map(str, s)))
-def test_schedulers_bitwise_identical(shape, causal):
+@pytest.mark.parametrize("d", [128, 192])
+def test_schedulers_bitwise_identical(shape, causal, d):
     b, sq, sk, h, hk = shape
-    outs = [_run_and_check(b, sq, sk, h, hk, 128, torch.bfloat16, causal, s) for s in SCHEDS]
+    outs = [_run_and_check(b, sq, sk, h, hk, d, torch.bfloat16, causal, s) for s in SCHEDS]
     for s, o in zip(SCHEDS[1:], outs[1:]):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
 
@@ -119,7 +120,7 @@ def _varlen_ref(q, k, v, cu_q, cu_k, causal, window=(-1, -1)):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("sched", SCHEDS)
 @pytest.mark.parametrize("lens", [[17, 1000, 0, 127, 4097], [1, 1, 1], [300], [0, 513, 0]],
                          ids=["mixed", "ones", "one", "empties"])
@@ -151,7 +152,7 @@ def test_varlen(lens, sched, d, causal):
 @pytest.mark.parametrize("window", [(64, 0), (100, 100), (0, 0), (-1, 37), (300, -1)])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000), (1, 257, 700), (1, 700, 257)],
                          ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 256])
 def test_sliding_window(window, shape, d):
     b, sq, sk = shape
     q = torch.randn(b, sq, 4, d, device="cuda", dtype=torch.float16)
