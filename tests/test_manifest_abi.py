@@ -128,4 +128,4 @@ def test_sha256_mismatch_detected(tmp_path):
 def test_unsupported_combination_lists_available():
     m = Manifest(ART)
     with pytest.raises(ValueError, match=r"built \(arch, dtype, head_dim\).*sm_90a, bf16, 128"):
-        m.find("sm_90a", "bf16", 96, False, "single")
+        m.find("sm_90a", "bf16", 80, False, "single")
