@@ -130,9 +130,9 @@ def _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
             raise ValueError(f"{name} must start at 0 and never decrease; got {vals[:8]}...")
         if vals[-1] > total:
             raise ValueError(f"{name}[-1] = {vals[-1]} exceeds the packed length {total}")
-        if max(lens) > ({"cu_seqlens_q": max_seqlen_q, "cu_seqlens_k": max_seqlen_k}[name]):
+        if max(lens) > mx:
             raise ValueError(f"a document of {max(lens)} tokens exceeds "
-                             f"{'max_seqlen_q' if name.endswith('q') else 'max_seqlen_k'} = {mx}")
+                             f"max_seqlen_{name[-1]} = {mx}")
 
 
 def _window(window_size, causal):
