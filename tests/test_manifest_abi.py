@@ -129,3 +129,17 @@ def test_unsupported_combination_lists_available():
     m = Manifest(ART)
     with pytest.raises(ValueError, match=r"built \(arch, dtype, head_dim\).*sm_90a, bf16, 128"):
         m.find("sm_90a", "bf16", 80, False, "single")
+
+
+def test_shipped_kernels_do_not_spill():
+    """CI gate: no shipped kernel spills (ptxas -v spill bytes, and LDL/STL in the SASS, which
+    is where spills inside a setmaxnreg role show up)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(ROOT / "build_tools/spill_report.py"),
+                        "--fail-on-spill", "--format", "csv"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for rec in MANIFEST["kernels"].values():
+        res = rec["resources"]
+        assert res["spill_store_bytes"] == res["spill_load_bytes"] == res["ldl"] == res["stl"] == 0

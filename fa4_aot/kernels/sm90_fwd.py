@@ -688,13 +688,15 @@ class FlashFwdSm90:
         o_stride_b = cute.assume(o_stride_b, divby=8)
         o_off = (Int64(head) * o_stride_h + Int64(batch) * o_stride_b
                  + Int64(q_start + row0) * o_stride_s)
-        gO32 = cute.make_tensor(
-            cute.recast_ptr(o_ptr + o_off, dtype=cutlass.Uint32),
-            cute.make_layout((self.tile_m, self.hd // 2), stride=(o_stride_s // 2, 1)))
         rO32_mn = _acc_mn_view(rO32)  # (2 rows, hd/8 column pairs)
-        pair0 = tidx % 4
+        n_pairs = cute.size(rO32_mn, mode=[1])
         for r in cutlass.range_constexpr(cute.size(rO32_mn, mode=[0])):
             rr = _frag_row(tidx, r)
             if row0 + rr < sq:
-                for j in cutlass.range_constexpr(cute.size(rO32_mn, mode=[1])):
-                    gO32[rr, pair0 + 4 * j] = rO32_mn[r, j]
+                # One base pointer per row; the pairs sit at constant offsets from it (so the
+                # compiler folds them into the stores instead of keeping one address per value).
+                row_ptr = cute.recast_ptr(o_ptr + (o_off + Int64(rr) * o_stride_s),
+                                          dtype=cutlass.Uint32)  # 16-byte aligned row start
+                gRow = cute.make_tensor(row_ptr + (tidx % 4), cute.make_layout(n_pairs, stride=4))
+                for j in cutlass.range_constexpr(n_pairs):
+                    gRow[j] = rO32_mn[r, j]
