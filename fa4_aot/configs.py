@@ -16,17 +16,14 @@ from typing import Iterable
 
 ARCHS = ("sm_90a", "sm_100a")
 DTYPES = ("bf16", "fp16")
-HEAD_DIMS = (64, 96, 128, 192, 256)
 # Tile schedulers per architecture. sm_90a: one CTA per tile, static persistent, work stealing
 # through a global atomic counter. sm_100a: static persistent, work stealing through cluster
 # launch control (CLC try_cancel). The shared interface is fa4_aot/kernels/tile_sched.py.
 SCHEDULERS_BY_ARCH = {"sm_90a": ("single", "static", "steal"), "sm_100a": ("static", "clc")}
-SCHEDULERS = ("single", "static", "steal", "clc")
 
 # Threads per CTA. sm_90a: one producer warpgroup + two MMA warpgroups. sm_100a: 4 softmax
 # warps + MMA warp + load warp + CLC scheduler warp.
 THREADS_BY_ARCH = {"sm_90a": 384, "sm_100a": 224}
-SM90_THREADS = THREADS_BY_ARCH["sm_90a"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +50,10 @@ TILES = {
                256: Tile(m=128, n=80, kv_stages=2, overlap=False, pingpong=False)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
+
+# Derived from the tables above (the source of truth).
+HEAD_DIMS = tuple(sorted({hd for tiles in TILES.values() for hd in tiles}))
+SCHEDULERS = tuple(dict.fromkeys(s for scheds in SCHEDULERS_BY_ARCH.values() for s in scheds))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ and the trace buffer; O strides; then scalars. Nothing about the device (SM coun
 
 from __future__ import annotations
 
-import math
 
 import cutlass
 import cutlass.cute as cute
@@ -40,7 +39,6 @@ from fa4_aot.schedule import decode_tile
 from .tile_sched import TILE_SLOTS, first_tile, next_tile
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-LOG2_E = math.log2(math.e)
 
 
 def _acc_mn_view(t: cute.Tensor) -> cute.Tensor:
