@@ -14,8 +14,10 @@ sliding window (1024, 0) at S=8192 B=4 hd128. 16 heads wherever the anchor table
 
 TFLOP/s = 4*B*H*Sq*Sk*D / t, causal / window / varlen counting only the unmasked (q, k) pairs,
 computed exactly per document. Time: median over --repeats of (CUDA events around --iters
-back-to-back calls) / iters after warm-up, rotating over up to 4 input sets (so that the inputs
-are not all resident in L2). Every cell is the same call a user makes (host work included).
+back-to-back calls) / iters after warm-up, the repeats taken round the providers in turn (order
+reversed every other round, so that clock/power drift is shared), rotating over up to 4 input
+sets (so that the inputs are not all resident in L2). Every cell is the same call a user makes
+(host work included).
 
 Peers: cuDNN = SDPA under sdpa_kernel(CUDNN_ATTENTION); flash = SDPA under
 sdpa_kernel(FLASH_ATTENTION) (the context is entered once around the timed loop, not per call);
@@ -65,24 +67,25 @@ class NotSupported(Exception):
     """A provider cannot run a case; the message is the table's note."""
 
 
-def time_ms(fn, iters, warmup=3, repeats=3):
-    """Median over ``repeats`` of (events around ``iters`` back-to-back calls) / iters, as
-    shared/bench/sdpa_baseline.py measures the peers: host launch cost hides behind the GPU
-    unless it is longer than the kernel."""
+def warm_up(fn, warmup=3):
     import torch
     for i in range(warmup):
         fn(i)
     torch.cuda.synchronize()
-    per_call = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for i in range(iters):
-            fn(i)
-        e.record()
-        e.synchronize()
-        per_call.append(s.elapsed_time(e) / iters)
-    return statistics.median(per_call)
+
+
+def time_once(fn, iters):
+    """(CUDA events around ``iters`` back-to-back calls) / iters, as shared/bench/sdpa_baseline.py
+    measures the peers: host launch cost hides behind the GPU unless it is longer than the
+    kernel."""
+    import torch
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for i in range(iters):
+        fn(i)
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / iters
 
 
 # ------------------------------------------------------------------------------ environment
@@ -363,12 +366,25 @@ def build(env, prov, case, inp, varlen_peer):
 
 
 def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_peer, dtype):
+    """Every provider is built, checked and warmed up first; then the repeats go round the
+    providers in turn (the order reversed every other round), so that clock and power drift
+    while the case runs falls on all providers alike, not on whichever ran last."""
     torch = env.torch
     row = bl.Row(case)
     inp = Inputs(case, dtype)
-    outs = {}
+    outs, fns, samples = {}, {}, {}
+
+    def failed(prov, res, e):
+        msg = (str(e).splitlines() or [type(e).__name__])[0][:300]
+        print(f"  {prov} failed on {case.label}: {type(e).__name__}: {msg}", file=sys.stderr)
+        res.note = f"error: {type(e).__name__}"
+        res.error = f"{type(e).__name__}: {msg}"
+        res.ms = None
+        outs.pop(prov, None)
+        fns.pop(prov, None)
+
     for prov in providers:
-        res = bl.Result()
+        res = row.results[prov] = bl.Result()
         try:
             with provider_context(prov):
                 fn, res.method = build(env, prov, case, inp, varlen_peer)
@@ -376,17 +392,21 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
                     o = fn(0)
                     o = docs_to_packed(o) if isinstance(o, list) else o
                     outs[prov] = o
-                res.ms = time_ms(fn, iters, repeats=repeats)
+                warm_up(fn)
+            fns[prov], samples[prov] = fn, []
         except NotSupported as e:
             res.note = str(e)
         except Exception as e:  # noqa: BLE001 - a provider may reject a shape; keep going
-            msg = (str(e).splitlines() or [type(e).__name__])[0][:300]
-            print(f"  {prov} failed on {case.label}: {type(e).__name__}: {msg}", file=sys.stderr)
-            res.note = f"error: {type(e).__name__}"
-            res.error = f"{type(e).__name__}: {msg}"
-            res.ms = None
-            outs.pop(prov, None)
-        row.results[prov] = res
+            failed(prov, res, e)
+    for r in range(repeats):
+        for prov in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            try:
+                with provider_context(prov):
+                    samples[prov].append(time_once(fns[prov], iters))
+            except Exception as e:  # noqa: BLE001
+                failed(prov, row.results[prov], e)
+    for prov in fns:
+        row.results[prov].ms = statistics.median(samples[prov])
     if check and outs:
         ref_p = next((p for p in ("cudnn", "flash", "fa4") if p in outs), next(iter(outs)))
         ref = outs[ref_p]

@@ -28,7 +28,8 @@ from pathlib import Path
 FORMULA = ("TFLOP/s = 4*B*H*Sq*Sk*D / t; causal / window / varlen count only the unmasked (q,k) "
            "pairs, exactly, per document (bottom-right aligned, FA convention)")
 TIMING = ("median over repeats of (CUDA events around N back-to-back calls) / N, after warm-up, "
-          "rotating over up to 4 input sets so that inputs are not all L2-resident")
+          "rotating over up to 4 input sets so that inputs are not all L2-resident; the repeats "
+          "go round the providers in turn (order reversed every other round)")
 
 # ---------------------------------------------------------------------------------------- cases
 # The anchor table of shared/design.md: (B, H, S, D), each non-causal and causal.

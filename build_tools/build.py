@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from build_tools import toolchain as tcm  # noqa: E402
 from build_tools.inspect_cubin import inspect_cubin, parse_ptx_entries, verify_ptxas  # noqa: E402
-from build_tools.spill_report import pick_best  # noqa: E402
+from build_tools.spill_report import pick_best, warning_codes  # noqa: E402
 from fa4_aot import abi  # noqa: E402
 from fa4_aot.configs import CONFIG_SPACE, KernelConfig  # noqa: E402
 
@@ -314,7 +314,9 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
                     rec = build_one(cfg, tc, out, isa_rewrite, fut.result())
                 rec["fingerprint"] = fp
                 results[cfg.name] = rec
-                _progress(done, len(todo), cfg.name, "ok", t0)
+                warn = warning_codes(rec.get("ptxas_diagnostics", ()))
+                _progress(done, len(todo), cfg.name,
+                          "ok" + (f", ptxas warns {','.join(warn)}" if warn else ""), t0)
             except Exception as e:  # a failing configuration must not stop the others
                 failures[cfg.name] = f"{type(e).__name__}: {e}"
                 _progress(done, len(todo), cfg.name, "FAILED", t0)

@@ -91,6 +91,7 @@ def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
         *(Int32(0) for _ in range(7)),
         *((Int32(0),) * 3 if ext else ()),
         Float32(0.0), Float32(0.0),
+        *((Float32(0.0),) if ext else ()),
         Int32(1),
         make_fake_stream(),
     )

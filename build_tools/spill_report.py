@@ -11,13 +11,18 @@ setmaxnreg the per-role spills only show as LDL/STL).  When the manifest's PTX i
 re-assembled, the shipped figures still count for --fail-on-spill.  Exit status: 0
 fine, 1 spills with --fail-on-spill, 2 bad input (one-line error).
 
+The ``warn`` column (``w`` in a matrix cell) names ptxas "Potential Performance Loss" codes,
+above all C7512: ptxas serialised the wgmma (each waits for the previous one) — a slowdown
+with no spill to show for it.
+
 Library use: :func:`assemble_matrix` assembles PTX files with several ptxas versions
 and inspects the cubins (one row per entry × version); :func:`pick_best` chooses a
 version for one kernel from its rows.  Row fields::
 
     kernel, entry, arch, source ("shipped" | "cubin" | "assembled"), path,
     ptxas_version ("13.1.115"), ptxas_release ("13.1"), registers, stack_frame,
-    spill_store_bytes, spill_load_bytes, ldl, stl, shared_bytes   (None = unknown)
+    spill_store_bytes, spill_load_bytes, ldl, stl, shared_bytes   (None = unknown),
+    ptxas_warnings (["C7512", ...])
 
 Stdlib only (matplotlib is imported for --png alone).
 """
@@ -29,6 +34,7 @@ import csv
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -76,7 +82,13 @@ def spills(row: dict[str, Any]) -> bool:
     return any(_n(row.get(k)) > 0 for k in ("spill_store_bytes", "spill_load_bytes", "ldl", "stl"))
 
 
-def _row(kernel: str, entry: str, source: str, path: Path, version: str | None, resources: dict) -> dict:
+def warning_codes(diagnostics: Iterable[str]) -> list[str]:
+    """``["(C7512) Potential Performance Loss: ..."]`` -> ``["C7512"]``."""
+    return [m.group(1) for d in diagnostics if (m := re.match(r"\((C\d+)\)", d))]
+
+
+def _row(kernel: str, entry: str, source: str, path: Path, version: str | None, resources: dict,
+         diagnostics: Iterable[str] = ()) -> dict:
     return {
         "kernel": kernel,
         "entry": entry,
@@ -86,6 +98,8 @@ def _row(kernel: str, entry: str, source: str, path: Path, version: str | None, 
         "ptxas_version": version,
         "ptxas_release": ".".join(version.split(".")[:2]) if version else None,
         **{k: resources.get(k) for k in RESOURCE_FIELDS},
+        # ptxas performance warnings, e.g. C7512 (wgmma serialised), C7508 (setmaxnreg ignored)
+        "ptxas_warnings": warning_codes(diagnostics),
     }
 
 
@@ -94,7 +108,8 @@ def _entry_rows(info: dict, label: str, source: str, path: Path) -> list[dict]:
     rows = []
     for entry, res in info["entries"].items():
         kernel = label if len(info["entries"]) == 1 else f"{label}:{entry}"
-        rows.append(_row(kernel, entry, source, path, info["ptxas_version"], {"arch": info["arch"], **res}))
+        rows.append(_row(kernel, entry, source, path, info["ptxas_version"], {"arch": info["arch"], **res},
+                         info.get("ptxas_diagnostics", ())))
     return rows
 
 
@@ -216,7 +231,7 @@ def shipped_rows(manifest_path: Path) -> list[dict]:
     for name, record in kernels.items():
         res = {"arch": record.get("arch"), **record.get("resources", {})}
         rows.append(_row(name, record.get("entry"), "shipped", base / record.get("cubin", ""),
-                         record.get("ptxas_version"), res))  # fmt: skip
+                         record.get("ptxas_version"), res, record.get("ptxas_diagnostics", ())))  # fmt: skip
     return rows
 
 
@@ -269,14 +284,16 @@ def _truncate(text: str, width: int = 64) -> str:
 
 
 def _flat_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
-    headers = ["!", "kernel", "arch", "regs", "stack", "spill st", "spill ld", "LDL", "STL", "smem", "ptxas"]
+    headers = ["!", "kernel", "arch", "regs", "stack", "spill st", "spill ld", "LDL", "STL", "smem", "ptxas",
+               "warn"]
     body, marks = [], []
     for r in rows:
         bad = spills(r)
         body.append(
             ["!" if bad else "", _truncate(r["kernel"]), _fmt(r["arch"]), _fmt(r["registers"]),
              _fmt(r["stack_frame"]), _fmt(r["spill_store_bytes"]), _fmt(r["spill_load_bytes"]),
-             _fmt(r["ldl"]), _fmt(r["stl"]), _fmt(r["shared_bytes"]), _fmt(r["ptxas_version"])]
+             _fmt(r["ldl"]), _fmt(r["stl"]), _fmt(r["shared_bytes"]), _fmt(r["ptxas_version"]),
+             ",".join(r.get("ptxas_warnings") or ["-"])]
         )  # fmt: skip
         marks.append(bad)
     return headers, body, marks
@@ -285,10 +302,13 @@ def _flat_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool
 def _cell(row: dict) -> str:
     spill = _n(row["spill_store_bytes"]) + _n(row["spill_load_bytes"])
     local_ops = _n(row["ldl"]) + _n(row["stl"])
-    return f"{_fmt(row['registers'])}/{spill}/{local_ops}" + (" !" if spills(row) else "")
+    return (f"{_fmt(row['registers'])}/{spill}/{local_ops}" + (" !" if spills(row) else "")
+            + (" w" if row.get("ptxas_warnings") else ""))
 
 
-MATRIX_LEGEND = "cell = registers / spill bytes (stores+loads) / LDL+STL count; ! = spills"
+MATRIX_LEGEND = ("cell = registers / spill bytes (stores+loads) / LDL+STL count; ! = spills; "
+                 "w = a ptxas performance warning (the table and --format json name the code, "
+                 "e.g. C7512: wgmma serialised)")
 
 
 def _versions(rows: list[dict]) -> list[str]:
@@ -346,7 +366,8 @@ def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False) -> st
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["kernel"], lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: ";".join(v) if isinstance(v, list) else v for k, v in r.items()}
+                         for r in rows)
         return buf.getvalue().rstrip("\n")
     if not rows:
         return "(no kernels)"

@@ -22,7 +22,7 @@ Value names (``values``/``value``) refer to the per-launch values the runtime co
 
 from __future__ import annotations
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 LAUNCH_VALUES = {
     "seqlen_q": "query length",
@@ -37,8 +37,9 @@ LAUNCH_VALUES = {
     "num_m_blocks": "ceil(seqlen_q / tile_m)",
     "section": "heads*batch pairs per L2 section (fa4_aot.schedule.choose_section)",
     "num_tiles": "num_m_blocks * num_heads * batch",
-    "softmax_scale_log2": "softmax_scale * log2(e)",
-    "softmax_scale": "softmax_scale",
+    "softmax_scale_log2": "softmax_scale * log2(e) (softcap kernels: softcap * log2(e))",
+    "softmax_scale": "softmax_scale (softcap kernels: softcap)",
+    "softcap_pre": "softmax_scale / softcap (softcap kernels; 0 otherwise, unused)",
     "o_ptr": "output, (batch, seqlen_q, heads, d)",
     "o_stride_s": "output stride of the seqlen axis, elements",
     "o_stride_h": "output stride of the head axis, elements",
@@ -96,7 +97,7 @@ def _scalar(kind, value):
 STATIC_PARAMS_BY_ARCH = {"sm_90a": 2, "sm_100a": 0}
 
 
-# FlashFwdSm90 also takes the varlen / window / LSE-stride parameters; FlashFwdSm100 does not
+# FlashFwdSm90 also takes the varlen / window / LSE-stride / softcap parameters; FlashFwdSm100 does not
 # (yet): its list is the base one.
 EXTENDED_BY_ARCH = {"sm_90a": True, "sm_100a": False}
 
@@ -128,6 +129,8 @@ def fwd_params(dtype: str, head_dim: int, tile_m: int, tile_n: int,
     if extended:
         params += [_scalar("i32", v) for v in ("varlen", "window_left", "window_right")]
     params += [_scalar("f32", "softmax_scale_log2"), _scalar("f32", "softmax_scale")]
+    if extended:
+        params.append(_scalar("f32", "softcap_pre"))
     params += [{"name": f"static_{i}", "kind": "static", "size": 1, "align": 1}
                for i in range(n_static)]
     return params

@@ -11,6 +11,7 @@ A configuration's :attr:`KernelConfig.name` is stable: it names the kernel's fil
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -20,6 +21,9 @@ DTYPES = ("bf16", "fp16")
 # through a global atomic counter. sm_100a: static persistent, work stealing through cluster
 # launch control (CLC try_cancel). The shared interface is fa4_aot/kernels/tile_sched.py.
 SCHEDULERS_BY_ARCH = {"sm_90a": ("single", "static", "steal"), "sm_100a": ("static", "clc")}
+
+# Schedulers that have softcap kernels (sm_90a): steal (what scheduler="auto" picks) and single.
+SOFTCAP_SCHEDULERS = ("single", "steal")
 
 # Threads per CTA. sm_90a: one producer warpgroup + two MMA warpgroups. sm_100a: 4 softmax
 # warps + MMA warp + load warp + CLC scheduler warp.
@@ -31,8 +35,8 @@ class Tile:
     """Tile shape, pipeline depth and mainloop schedule chosen per (arch, head_dim).
 
     ``overlap``: issue S(n) and O += P(n+1)V(n+1) together and run the softmax of S(n) under the
-    PV wgmma; ``pingpong``: the two MMA warpgroups take turns issuing. Chosen from the H200
-    measurements in docs/perf-notes.md (v3): they help at head_dim 64, hurt at 128."""
+    PV wgmma; ``pingpong``: the two MMA warpgroups take turns issuing. Both on at every head_dim
+    since the P conversion stopped serialising the wgmmas (docs/perf-notes.md v7)."""
 
     m: int
     n: int
@@ -44,12 +48,17 @@ class Tile:
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile.
 TILES = {
     "sm_90a": {64: Tile(m=128, n=128, kv_stages=3),
-               96: Tile(m=128, n=128, kv_stages=2, overlap=False, pingpong=False),
-               128: Tile(m=128, n=128, kv_stages=2, overlap=False, pingpong=False),
-               192: Tile(m=128, n=112, kv_stages=2, overlap=False, pingpong=False),
-               256: Tile(m=128, n=80, kv_stages=2, overlap=False, pingpong=False)},
+               96: Tile(m=128, n=128, kv_stages=2),
+               128: Tile(m=128, n=128, kv_stages=2),
+               192: Tile(m=128, n=112, kv_stages=2),
+               256: Tile(m=128, n=80, kv_stages=2)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
+
+# Experiment-only kernel switches that are not part of the tile (read by the kernels).
+# xnopin: the P conversion as a plain .to() (before v7); xnoskip: varlen tiles with no rows are
+# handed to the consumers instead of skipped by the producer (before v8).
+VARIANT_FLAGS = ("xnopin", "xnoskip")
 
 # Derived from the tables above (the source of truth).
 HEAD_DIMS = tuple(sorted({hd for tiles in TILES.values() for hd in tiles}))
@@ -66,6 +75,8 @@ class KernelConfig:
     trace: bool = False
     # Sliding-window (local) mask; the window sizes are launch-time values.
     local: bool = False
+    # Tanh soft-capping of the scores (softcap * tanh(s / softcap)); the cap is a launch value.
+    softcap: bool = False
     # Experimental kernel variant (tokens joined by "-", e.g. "noovl-nopp"); "" = the shipped
     # kernel. Variants are built on demand for measurements (build.py --variants), never shipped.
     variant: str = ""
@@ -81,13 +92,30 @@ class KernelConfig:
         if self.local and (self.causal or self.arch != "sm_90a"):
             raise ValueError("local (sliding window) is a mask of its own on sm_90a only; "
                              "causal windows use it with window_right = 0")
+        if self.softcap and self.arch != "sm_90a":
+            raise ValueError("softcap kernels exist on sm_90a only")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
 
     @property
     def tile(self) -> Tile:
-        return TILES[self.arch][self.head_dim]
+        """The tile of (arch, head_dim), with an experiment variant's overrides applied:
+        ``ovl``/``noovl`` and ``pp``/``nopp`` switch the overlap / ping-pong schedule,
+        ``sN`` sets N K/V stages, ``nN`` an n tile of N keys."""
+        t = TILES[self.arch][self.head_dim]
+        for tok in filter(None, self.variant.split("-")):
+            if tok in ("ovl", "noovl"):
+                t = dataclasses.replace(t, overlap=tok == "ovl")
+            elif tok in ("pp", "nopp"):
+                t = dataclasses.replace(t, pingpong=tok == "pp")
+            elif re.fullmatch(r"s[1-9]", tok):
+                t = dataclasses.replace(t, kv_stages=int(tok[1:]))
+            elif re.fullmatch(r"n(16|32|48|64|80|96|112|128|144|160|176|192)", tok):
+                t = dataclasses.replace(t, n=int(tok[1:]))
+            elif tok not in VARIANT_FLAGS:
+                raise ValueError(f"unknown kernel variant token {tok!r}")
+        return t
 
     @property
     def threads(self) -> int:
@@ -101,6 +129,7 @@ class KernelConfig:
             f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{mask}_{self.scheduler}"
             f"_m{t.m}n{t.n}s{t.kv_stages}"
         )
+        name += "_softcap" if self.softcap else ""
         name += "_trace" if self.trace else ""
         return name + ("_v_" + self.variant.replace("-", "_") if self.variant else "")
 
@@ -108,7 +137,7 @@ class KernelConfig:
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
-                self.trace, self.variant)
+                self.trace, self.variant, self.softcap)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -129,6 +158,11 @@ def _space() -> Iterable[KernelConfig]:
                 for causal, local in masks:
                     for sched in SCHEDULERS_BY_ARCH[arch]:
                         yield KernelConfig(arch, dtype, hd, causal, sched, local=local)
+                    if arch == "sm_90a":
+                        # Soft-capped scores: steal ("auto") and single.
+                        for sched in SOFTCAP_SCHEDULERS:
+                            yield KernelConfig(arch, dtype, hd, causal, sched, local=local,
+                                               softcap=True)
     # Schedule-trace variants (record per tile: SM, CTA, start, end), not in the fast path.
     for sched in SCHEDULERS_BY_ARCH["sm_90a"]:
         yield KernelConfig("sm_90a", "bf16", 128, True, sched, trace=True)

@@ -7,7 +7,7 @@ import threading
 from functools import lru_cache
 
 from . import runtime
-from .configs import SCHEDULERS_BY_ARCH
+from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS
 from .manifest import load_manifest
 from .schedule import choose_section
 
@@ -47,16 +47,16 @@ def _check_tensor(name, t, torch, rank=4, layout="(batch, seqlen, heads, head_di
         raise ValueError(f"{name} data pointer must be 16-byte aligned")
 
 
-def resolve_scheduler(scheduler: str, imbalanced: bool, arch: str = "sm_90a") -> str:
-    """``auto``: on sm_90a work stealing when tiles differ in cost (causal, sliding window,
-    varlen documents) and one CTA per tile for dense non-causal attention, where all tiles cost
-    the same and the hardware's own block scheduler balances as well (rule from the scheduler
-    table in docs/perf-notes.md, measured on the H200); on sm_100a CLC. ``steal`` on sm_100a
-    means CLC, Blackwell's work-stealing mechanism."""
+def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
+    """``auto``: on sm_90a work stealing, for every problem: in the v7 measurements (interleaved
+    A/B runs on the H200, docs/perf-notes.md "Scheduler rule") it is at least as fast as one CTA
+    per tile on every causal, varlen and dense shape — the persistent CTA loads the next tile
+    while it stores the last one, where a new CTA per tile pays ~1.9 us of start-up. On sm_100a
+    CLC. ``steal`` on sm_100a means CLC, Blackwell's work-stealing mechanism."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
     if scheduler == "auto":
-        scheduler = ("steal" if imbalanced else "single") if arch == "sm_90a" else "clc"
+        scheduler = "steal" if arch == "sm_90a" else "clc"
     elif scheduler == "steal" and arch == "sm_100a":
         scheduler = "clc"
     if scheduler not in SCHEDULERS_BY_ARCH[arch]:
@@ -67,15 +67,20 @@ def resolve_scheduler(scheduler: str, imbalanced: bool, arch: str = "sm_90a") ->
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
                   trace: bool = False, variant: str = "", local: bool = False,
-                  varlen: bool = False):
+                  softcap: bool = False):
     """(manifest name, record) of the kernel for this device and problem."""
     arch = _device_arch(device)
-    sched = resolve_scheduler(scheduler, causal or local or varlen, arch)
+    sched = resolve_scheduler(scheduler, arch)
+    if softcap and (arch != "sm_90a" or sched not in SOFTCAP_SCHEDULERS):
+        raise ValueError(
+            f"softcap is not supported on {arch}" if arch != "sm_90a" else
+            f"softcap kernels exist for scheduler 'auto', "
+            + ", ".join(repr(s) for s in SOFTCAP_SCHEDULERS) + f"; got scheduler={scheduler!r}")
     return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, sched,
-                                trace=trace, variant=variant, local=local)
+                                trace=trace, variant=variant, local=local, softcap=softcap)
 
 
-def _validate(q, k, v, softmax_scale, causal, varlen):
+def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0):
     import torch
     rank = 3 if varlen else 4
     layout = "(total, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
@@ -100,6 +105,9 @@ def _validate(q, k, v, softmax_scale, causal, varlen):
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
                                           and math.isfinite(softmax_scale)):
         raise ValueError(f"softmax_scale must be a finite float or None, got {softmax_scale!r}")
+    if (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+            or not math.isfinite(softcap) or softcap < 0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = no capping), got {softcap!r}")
 
 
 def _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -178,6 +186,14 @@ def num_sms(device) -> int:
     return _sm_count[idx]
 
 
+def softmax_scalars(scale: float, softcap: float) -> dict:
+    """The softmax launch values. Softcap kernels first turn S into tanh(S * softcap_pre) with
+    softcap_pre = scale / softcap; their softmax and LSE then scale by softcap instead."""
+    unit = softcap if softcap > 0 else scale
+    return {"softmax_scale_log2": unit * math.log2(math.e), "softmax_scale": unit,
+            "softcap_pre": scale / softcap if softcap > 0 else 0.0}
+
+
 def grid_size(rule: dict, num_tiles: int, sms: int) -> int:
     if rule["rule"] == "tiles":
         return num_tiles
@@ -186,8 +202,8 @@ def grid_size(rule: dict, num_tiles: int, sms: int) -> int:
 
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
               return_lse: bool = False, scheduler: str = "auto", *, window_size=(-1, -1),
-              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-              out=None, _trace=None, _variant: str = ""):
+              softcap: float = 0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+              max_seqlen_k=None, out=None, _trace=None, _variant: str = ""):
     """Attention forward (FlashAttention argument names and conventions).
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_k, head_dim), heads a
@@ -198,18 +214,20 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     Returns the output (q's shape and dtype) and with ``return_lse=True`` also the fp32
     log-sum-exp, (batch, heads, seqlen_q) or (heads, total_q) for varlen.
     ``causal`` is bottom-right aligned when seqlen_q != seqlen_k; ``window_size=(left, right)``
-    is a sliding window around that diagonal, -1 meaning unbounded. Rows that see no key give
+    is a sliding window around that diagonal, -1 meaning unbounded. ``softcap > 0`` caps the
+    scores as softcap * tanh(scale * q.k / softcap) before the softmax (0 = off; the LSE is of the
+    capped scores). Rows that see no key give
     output 0 and LSE -inf. ``out``: optional preallocated output (q's shape, dtype, device,
     16-byte aligned strides)."""
     import torch
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    _validate(q, k, v, softmax_scale, causal, varlen)
+    _validate(q, k, v, softmax_scale, causal, varlen, softcap)
     if varlen:
         _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     elif max_seqlen_q is not None or max_seqlen_k is not None:
         raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
     local, left, right = _window(window_size, causal)
-    resolve_scheduler(scheduler, causal)  # validate the name before any GPU work
+    resolve_scheduler(scheduler)  # validate the name before any GPU work
     if q.device.type != "cuda":
         raise ValueError(f"q, k, v must be CUDA tensors; got device {q.device}")
     if out is not None and not (
@@ -227,16 +245,16 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         o, lse = torch.ops.fa4_aot.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q or 0, max_seqlen_k or 0, causal,
                                        softmax_scale, left if local else -1,
-                                       right if local else -1, scheduler)
+                                       right if local else -1, scheduler, float(softcap))
     else:
         o, lse = forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          causal, softmax_scale, left if local else -1, right if local else -1,
-                         scheduler, out=out, trace=_trace, variant=_variant)
+                         scheduler, float(softcap), out=out, trace=_trace, variant=_variant)
     return (o, lse) if return_lse else o
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-            softmax_scale, window_left, window_right, scheduler, out=None, trace=None,
+            softmax_scale, window_left, window_right, scheduler, softcap=0.0, out=None, trace=None,
             variant=""):
     """Validated arguments -> kernel launch on the current stream. Returns (out, lse)."""
     import torch
@@ -265,7 +283,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
 
     # A window is its own kernel (causal windows are local with window_right = 0).
     name, rec = select_kernel(q.device, q.dtype, d, causal and not local, scheduler,
-                              trace is not None, variant, local, varlen)
+                              trace is not None, variant, local, softcap > 0)
     launch = rec["launch"]
     if (varlen or local) and not any(p["name"] == "varlen" for p in launch["params"]):
         raise ValueError(f"varlen and window_size are not supported by the {rec['arch']} kernels")
@@ -285,7 +303,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         "qhead_per_kvhead": h // hk, "num_m_blocks": num_m_blocks,
         "section": _section(h, b, sk, d, q.element_size(), h // hk),
         "num_tiles": num_tiles,
-        "softmax_scale_log2": scale * math.log2(math.e), "softmax_scale": scale,
+        **softmax_scalars(scale, softcap),
         "o_ptr": out.data_ptr(), "o_stride_s": out4.stride(1), "o_stride_h": out4.stride(2),
         "o_stride_b": 0 if varlen else out4.stride(0), "lse_ptr": lse.data_ptr(),
         "lse_stride_h": lse.stride(0) if varlen else lse.stride(1),

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 
 
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1)):
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1),
+                  softcap=0.0):
     """q (b, sq, h, d); k, v (b, sk, hk, d). Returns (out (b, sq, h, d), lse (b, h, sq)).
-    window_size=(left, right) around the bottom-right diagonal, -1 = unbounded."""
+    window_size=(left, right) around the bottom-right diagonal, -1 = unbounded; softcap > 0:
+    scores become softcap * tanh(scores / softcap) before the mask."""
     import torch
     dtype = q.dtype
     if upcast:
@@ -26,6 +28,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
         v = v.repeat_interleave(h // hk, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     s = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     row = torch.arange(sq, device=q.device).view(-1, 1)
     col = torch.arange(sk, device=q.device).view(1, -1)
     left, right = window_size

@@ -27,6 +27,25 @@ def test_invalid_config_rejected(field, value):
         KernelConfig(**kw)
 
 
+def test_softcap_configs_are_named_and_sm90_only():
+    c = KernelConfig("sm_90a", "fp16", 256, False, "steal", local=True, softcap=True)
+    assert c.name == "fwd_sm_90a_fp16_hd256_local_steal_m128n80s2_softcap"
+    assert c.key != KernelConfig("sm_90a", "fp16", 256, False, "steal", local=True).key
+    with pytest.raises(ValueError, match="softcap kernels exist on sm_90a only"):
+        KernelConfig("sm_100a", "bf16", 128, True, "clc", softcap=True)
+
+
+def test_variant_tokens_override_the_tile():
+    base = KernelConfig("sm_90a", "bf16", 128, False, "single")
+    assert base.tile.overlap and base.tile.pingpong and (base.tile.n, base.tile.kv_stages) == (128, 2)
+    v = KernelConfig("sm_90a", "bf16", 128, False, "single", variant="noovl-nopp-s3-n176")
+    assert (v.tile.overlap, v.tile.pingpong, v.tile.kv_stages, v.tile.n) == (False, False, 3, 176)
+    assert v.name == "fwd_sm_90a_bf16_hd128_full_single_m128n176s3_v_noovl_nopp_s3_n176"
+    assert KernelConfig("sm_90a", "bf16", 128, False, "single", variant="xnopin").tile == base.tile
+    with pytest.raises(ValueError, match="unknown kernel variant token 'n100'"):
+        KernelConfig("sm_90a", "bf16", 128, False, "single", variant="n100").tile
+
+
 @pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (64, 16, 2), (3, 17, 1)])
 def test_decode_is_a_bijection_in_lpt_order(num_m, heads, batch):
     for section in {d for d in range(1, heads * batch + 1) if (heads * batch) % d == 0}:

@@ -105,6 +105,68 @@ def test_softmax_scale_and_lse():
     assert not math.isnan(lse.sum().item())
 
 
+# ----------------------------------------------------------------------------- softcap
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("shape", [(2, 17, 17, 3, 3), (1, 1000, 1000, 4, 2), (1, 257, 700, 2, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_softcap(shape, mask, d, dtype):
+    """Scores scaled up (x3) so that the cap (softcap=5) bites; single and steal bitwise equal."""
+    b, sq, sk, h, hk = shape
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = 3 * torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
+    causal = mask == "causal"
+    window = (100, 30) if mask == "window" else (-1, -1)
+    outs = []
+    for sched in ("single", "steal"):
+        out, lse = fa4_aot.attention(q, k, v, causal=causal, window_size=window, softcap=5.0,
+                                     return_lse=True, scheduler=sched,
+                                     out=torch.full_like(q, float("nan")))
+        outs.append(out)
+    ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, softcap=5.0)
+    ref_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, softcap=5.0,
+                              upcast=False)
+    check_close(outs[0], ref, ref_pt)
+    assert torch.equal(outs[0], outs[1]), "steal differs from single"
+    fin = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), fin)
+    if fin.any():
+        assert (lse[fin] - lse_ref[fin]).abs().max().item() < 2e-2
+    # Without the cap the result differs (the cap is applied, not ignored).
+    plain = fa4_aot.attention(q, k, v, causal=causal, window_size=window)
+    assert (plain.float() - outs[0].float()).abs().max().item() > 1e-2
+
+
+def test_softcap_varlen_compile_and_static_refused():
+    cu = [0, 300, 301, 1200]
+    q = torch.randn(cu[-1], 2, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    out = fa4_aot.attention(q, k, v, causal=True, softcap=2.0, cu_seqlens_q=t, cu_seqlens_k=t,
+                            max_seqlen_q=899, max_seqlen_k=899)
+    for i in range(len(cu) - 1):
+        sl = slice(cu[i], cu[i + 1])
+        ref, _ = attention_ref(q[sl][None], k[sl][None], v[sl][None], causal=True, softcap=2.0)
+        ref_pt, _ = attention_ref(q[sl][None], k[sl][None], v[sl][None], causal=True,
+                                  softcap=2.0, upcast=False)
+        check_close(out[sl][None], ref, ref_pt, what=f"document {i}")
+
+    @torch.compile(fullgraph=True)
+    def f(q, k, v):
+        return fa4_aot.attention(q, k, v, causal=True, softcap=2.0) * 2
+
+    qb = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(f(qb, qb, qb), fa4_aot.attention(qb, qb, qb, causal=True,
+                                                               softcap=2.0) * 2)
+    with pytest.raises(ValueError, match="softcap kernels exist for scheduler"):
+        fa4_aot.attention(qb, qb, qb, softcap=2.0, scheduler="static")
+
+
 # ----------------------------------------------------------------------------- varlen / window
 
 

@@ -46,12 +46,14 @@ def test_grid_rule_uses_sm_count_at_launch():
 
 
 def test_scheduler_resolution():
-    assert resolve_scheduler("auto", True) == "steal"
-    assert resolve_scheduler("auto", False) == "single"
-    assert resolve_scheduler("auto", True, "sm_100a") == "clc"
-    assert resolve_scheduler("static", False) == "static"
+    assert resolve_scheduler("auto") == "steal"
+    assert resolve_scheduler("auto", "sm_100a") == "clc"
+    assert resolve_scheduler("steal", "sm_100a") == "clc"
+    assert resolve_scheduler("static") == "static"
     with pytest.raises(ValueError, match="scheduler must be one of"):
-        resolve_scheduler("fast", False)
+        resolve_scheduler("fast")
+    with pytest.raises(ValueError, match="not available on sm_100a"):
+        resolve_scheduler("single", "sm_100a")
 
 
 def _qkv(b=1, s=16, h=2, d=64, dtype=torch.bfloat16, **kw):
@@ -96,6 +98,9 @@ def test_bad_scalar_arguments():
         fa4_aot.attention(q, k, v, softmax_scale=float("nan"))
     with pytest.raises(ValueError, match="window_size"):
         fa4_aot.attention(q, k, v, window_size=(5,))
+    for bad in (-1.0, float("inf"), float("nan"), True, "30"):
+        with pytest.raises(ValueError, match=r"softcap must be a finite float >= 0"):
+            fa4_aot.attention(q, k, v, softcap=bad)
     with pytest.raises(ValueError, match="max_seqlen_q/k are only for varlen"):
         fa4_aot.attention(q, k, v, max_seqlen_q=16)
 
@@ -150,9 +155,70 @@ def test_fake_impl_shapes_for_torch_compile():
     with FakeTensorMode():
         q = torch.empty(2, 100, 8, 64, dtype=torch.bfloat16)
         k = torch.empty(2, 80, 2, 64, dtype=torch.bfloat16)
-        out, lse = torch.ops.fa4_aot.fwd(q, k, k, None, None, 0, 0, True, None, -1, -1, "auto")
+        out, lse = torch.ops.fa4_aot.fwd(q, k, k, None, None, 0, 0, True, None, -1, -1, "auto",
+                                         0.0)
         assert out.shape == q.shape and lse.shape == (2, 8, 100) and lse.dtype == torch.float32
         qp = torch.empty(300, 8, 64, dtype=torch.bfloat16)
         cu = torch.empty(3, dtype=torch.int32)
-        out, lse = torch.ops.fa4_aot.fwd(qp, qp, qp, cu, cu, 200, 200, False, None, -1, -1, "auto")
+        out, lse = torch.ops.fa4_aot.fwd(qp, qp, qp, cu, cu, 200, 200, False, None, -1, -1, "auto",
+                                         30.0)
         assert out.shape == qp.shape and lse.shape == (8, 300)
+
+
+def test_softcap_kernel_selection(monkeypatch):
+    """softcap > 0 selects the softcap kernel of the resolved scheduler; schedulers without
+    softcap kernels (static) and sm_100a are refused by name."""
+    from fa4_aot import interface
+    from fa4_aot.configs import CONFIG_SPACE
+
+    found = []
+
+    class FakeManifest:
+        def find(self, arch, dtype, hd, causal, sched, trace=False, variant="", local=False,
+                 softcap=False):
+            found.append((arch, sched, softcap))
+            return "k", {}
+
+    monkeypatch.setattr(interface, "load_manifest", lambda: FakeManifest())
+    monkeypatch.setattr(interface, "_device_arch", lambda device: "sm_90a")
+    dev = torch.device("cpu")
+    interface.select_kernel(dev, torch.bfloat16, 128, True, "auto", softcap=True)
+    interface.select_kernel(dev, torch.bfloat16, 128, False, "single", softcap=True)
+    interface.select_kernel(dev, torch.bfloat16, 128, False, "auto")
+    assert found == [("sm_90a", "steal", True), ("sm_90a", "single", True),
+                     ("sm_90a", "steal", False)]
+    with pytest.raises(ValueError, match="softcap kernels exist for scheduler 'auto', 'single', "
+                                         "'steal'; got scheduler='static'"):
+        interface.select_kernel(dev, torch.bfloat16, 128, True, "static", softcap=True)
+    monkeypatch.setattr(interface, "_device_arch", lambda device: "sm_100a")
+    with pytest.raises(ValueError, match="softcap is not supported on sm_100a"):
+        interface.select_kernel(dev, torch.bfloat16, 128, True, "auto", softcap=True)
+    # Every (dtype, head_dim, mask) of sm_90a has a softcap kernel for both schedulers.
+    plain = {(c.dtype, c.head_dim, c.causal, c.local) for c in CONFIG_SPACE
+             if c.arch == "sm_90a" and not c.trace}
+    capped = {(c.dtype, c.head_dim, c.causal, c.local, c.scheduler) for c in CONFIG_SPACE
+              if c.softcap}
+    assert capped == {p + (s,) for p in plain for s in ("single", "steal")}
+
+
+def test_softcap_launch_values():
+    """The scalars a softcap launch passes: tanh(S * scale / cap), then the softmax in units of
+    the cap (so P and the LSE are those of cap * tanh(scale * S / cap))."""
+    import math
+    from fa4_aot import interface
+    from fa4_aot.testing import attention_ref
+    q = torch.randn(1, 5, 1, 8)
+    k = torch.randn(1, 7, 1, 8)
+    v = torch.randn(1, 7, 1, 8)
+    scale, cap = 0.7, 2.0
+    out, lse = attention_ref(q, k, v, softmax_scale=scale, softcap=cap)
+    vals = interface.softmax_scalars(scale, cap)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    t = torch.tanh(s * vals["softcap_pre"])  # the kernel's apply_softcap
+    m = t.amax(-1, keepdim=True)
+    p = torch.exp2(t * vals["softmax_scale_log2"] - m * vals["softmax_scale_log2"])
+    lse_k = m.squeeze(-1) * vals["softmax_scale"] + torch.log(p.sum(-1))  # the epilogue
+    torch.testing.assert_close(lse_k, lse)
+    torch.testing.assert_close(torch.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdim=True), v), out)
+    assert interface.softmax_scalars(scale, 0.0) == {
+        "softmax_scale_log2": scale * math.log2(math.e), "softmax_scale": scale, "softcap_pre": 0.0}

@@ -75,13 +75,13 @@ def test_table_marks_spilling_kernels(capsys, manifest):
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].split() == ["!", "kernel", "arch", "regs", "stack", "spill", "st", "spill", "ld",
-                                "LDL", "STL", "smem", "ptxas"]  # fmt: skip
-    rows = {line.split()[-10]: line for line in lines[2:]}
+                                "LDL", "STL", "smem", "ptxas", "warn"]  # fmt: skip
+    rows = {line.split()[-11]: line for line in lines[2:]}
     assert rows["fwd_clean"].startswith(" ")
     assert rows["fwd_role_spill"].startswith("!")  # LDL/STL alone count as spilling
     assert rows["fwd_spill"].startswith("!")
-    assert rows["fwd_spill"].split()[-10:] == ["fwd_spill", "sm_90a", "255", "64", "64", "96", "4", "4",
-                                              "164864", "13.1.115"]  # fmt: skip
+    assert rows["fwd_spill"].split()[-11:] == ["fwd_spill", "sm_90a", "255", "64", "64", "96", "4", "4",
+                                              "164864", "13.1.115", "-"]  # fmt: skip
     assert "\033[" not in out  # not a terminal: no colour
 
 
@@ -368,3 +368,23 @@ def test_name_experiment_renames_entries_and_their_params():
     assert ne.variant_name("fa4aot_k_0", "control") == f"fa4aot_k_0_{ne.CONTROL_TOKEN}"
     assert ne.variant_name("fa4aot_k_0", "neutral") == "fa4aot_k_0"
     assert len(ne.CONTROL_TOKEN) == len("cutlass")
+
+
+def test_ptxas_performance_warnings_are_shown(capsys, manifest, tmp_path):
+    """A kernel whose ptxas log carried C7512 (wgmma serialised) is named in every format."""
+    data = json.loads(Path(manifest).read_text())
+    name = next(iter(data["kernels"]))
+    data["kernels"][name]["ptxas_diagnostics"] = [
+        "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+        "insufficient register resources for the function 'x'"]
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(data))
+    rows = {r["kernel"]: r for r in sr.shipped_rows(path)}
+    assert rows[name]["ptxas_warnings"] == ["C7512"]
+    assert all(r["ptxas_warnings"] == [] for k, r in rows.items() if k != name)
+    rc, out, _ = run(capsys, "--manifest", path)
+    line = next(ln for ln in out.splitlines() if f" {name} " in ln)
+    assert rc == 0 and line.split()[-1] == "C7512"
+    rc, out, _ = run(capsys, "--manifest", path, "--format", "csv")
+    assert "C7512" in out and "[" not in out
+    assert sr._cell(rows[name]).endswith(" w")

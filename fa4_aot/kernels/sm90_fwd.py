@@ -29,7 +29,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
@@ -56,6 +58,33 @@ def _acc_as_a_layout(acc_layout: cute.Layout) -> cute.Layout:
     accumulator fragment ((2,2,V),1,1): k16 blocks of (2,2,2) values, V/2 of them."""
     v = acc_layout.shape[0][2]
     return cute.make_layout(((2, 2, 2), 1, v // 2), stride=((1, 2, 4), 0, 8))
+
+
+@dsl_user_op
+def _cvt_pair_pinned(lo: Float32, hi: Float32, ptx_type: str, *, loc=None, ip=None) -> Uint32:
+    """(lo, hi) fp32 -> one 32-bit word of two 16-bit values, as a side-effecting asm statement.
+
+    Why not ``.to()``: LLVM sinks a plain conversion down to its use, the O += P V wgmma of the
+    next loop iteration, so the 64 fp32 values of P stay live across the back edge next to the
+    new S; at head_dim 128 ptxas then runs out of registers and serialises every wgmma (C7512).
+    A side-effecting statement stays where it is written (after the wait for the previous PV)."""
+    return Uint32(llvm.inline_asm(
+        T.i32(),
+        [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+        f"cvt.rn.{ptx_type}x2.f32 $0, $1, $2;",
+        "=r,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
+def _tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """tanh.approx.f32: one MUFU.TANH (the softcap kernels' only extra cost per score)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "tanh.approx.f32 $0, $1;", "=f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def _tree(op, vals):
@@ -93,22 +122,16 @@ class FlashFwdSm90:
         self.local = cfg.local
         self.sched = cfg.scheduler
         self.trace = cfg.trace
+        self.softcap = cfg.softcap
         self.threads = cfg.threads
         self.num_mma_wg = 2
         assert self.tile_m == 64 * self.num_mma_wg
         self.producer_regs = 24
         self.mma_regs = 240
-        # Mainloop schedule from the configuration's tile; experiment variants (KernelConfig.variant
-        # tokens) can switch parts off or change the pipeline depth.
-        tokens = set(filter(None, cfg.variant.split("-")))
-        stage_tokens = {t for t in tokens if t in ("s2", "s3", "s4", "s5")}
-        unknown = tokens - {"noovl", "nopp"} - stage_tokens
-        if unknown:
-            raise ValueError(f"unknown kernel variant tokens {sorted(unknown)}")
-        self.intra_wg_overlap = cfg.tile.overlap and "noovl" not in tokens
-        self.pingpong = cfg.tile.pingpong and "nopp" not in tokens
-        for t in stage_tokens:
-            self.kv_stages = int(t[1:])
+        # Mainloop schedule from the configuration's tile (experiment variants override it).
+        self.intra_wg_overlap = cfg.tile.overlap
+        self.pingpong = cfg.tile.pingpong
+        self.variant_flags = set(filter(None, cfg.variant.split("-")))
 
     # ------------------------------------------------------------------ host side (trace only)
     @cute.jit
@@ -140,6 +163,7 @@ class FlashFwdSm90:
         window_right: Int32,
         softmax_scale_log2: Float32,
         softmax_scale: Float32,
+        softcap_pre: Float32,
         grid_x: Int32,
         stream,
     ):
@@ -195,7 +219,7 @@ class FlashFwdSm90:
             o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
             seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
             num_m_blocks, section, num_tiles, varlen, window_left, window_right,
-            softmax_scale_log2, softmax_scale,
+            softmax_scale_log2, softmax_scale, softcap_pre,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
         ).launch(
             grid=[grid_x, 1, 1],
@@ -237,6 +261,7 @@ class FlashFwdSm90:
         window_right: Int32,
         softmax_scale_log2: Float32,
         softmax_scale: Float32,
+        softcap_pre: Float32,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         sQ_layout: cute.ComposedLayout,
@@ -298,7 +323,7 @@ class FlashFwdSm90:
                 o_ptr, lse_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
                 o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
                 seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-                varlen, window_left, window_right, softmax_scale_log2, softmax_scale,
+                varlen, window_left, window_right, softmax_scale_log2, softmax_scale, softcap_pre,
             )
 
     @cute.jit
@@ -346,6 +371,9 @@ class FlashFwdSm90:
         tile = first_tile()
         running = cutlass.Boolean(True)
         while running:
+            if varlen != 0 and cutlass.const_expr("xnoskip" not in self.variant_flags):
+                tile = self.skip_empty_tiles(tile, num_tiles, num_m_blocks, num_heads, section,
+                                             cu_q_ptr, sched_ptr)
             # Hand the tile index to the consumers (an out-of-range index tells them to stop).
             pipe_tile.producer_acquire(tile_state)
             if lane == 0:
@@ -383,9 +411,6 @@ class FlashFwdSm90:
                               tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                     q_state.advance()
 
-                # Fetch the next tile now: the atomic's latency hides behind this tile's loads.
-                tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
-
                 n_min, n_max = self.n_block_range(m_block, sq, sk, window_left, window_right)
                 if not valid:
                     n_max = n_min
@@ -398,6 +423,28 @@ class FlashFwdSm90:
                     cute.copy(tma_v, tVg[None, n_block], tVs[None, kv_state.index],
                               tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                     kv_state.advance()
+                # Fetch the next tile once this tile's loads are issued: the consumers are still
+                # kv_stages blocks behind, so the atomic's latency stays hidden, and fewer values
+                # are live here than before the loop (the producer has 24 registers).
+                tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
+
+    @cute.jit
+    def skip_empty_tiles(self, tile, num_tiles, num_m_blocks, num_heads, section, cu_q_ptr,
+                         sched_ptr):
+        """varlen: the grid covers num_m_blocks(max_seqlen_q) m-blocks of every document, so
+        the m-blocks past a shorter document's end hold no rows (75 % of the tiles of the zipf
+        mix in bench/benchlib.py). The producer fetches past them here instead of handing them
+        to the consumers, so their fetches overlap the consumers' current tile."""
+        empty = tile < num_tiles
+        while empty:
+            m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
+            cq = cute.make_tensor(cu_q_ptr + batch, cute.make_layout(2))
+            if m_block * self.tile_m < cq[1] - cq[0]:
+                empty = False
+            else:
+                tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
+                empty = tile < num_tiles
+        return tile
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
@@ -407,7 +454,7 @@ class FlashFwdSm90:
         o_ptr, lse_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
         o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
         seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-        varlen, window_left, window_right, softmax_scale_log2, softmax_scale,
+        varlen, window_left, window_right, softmax_scale_log2, softmax_scale, softcap_pre,
     ):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
@@ -469,7 +516,7 @@ class FlashFwdSm90:
                         tidx, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP,
                         tOrP_as_acc, acc_S, acc_O, acc_S_mn, acc_O_mn, row_max, row_sum,
                         row_scale, pipe_k, pipe_v, k_state, v_state, n_min, n_max, row0, sq, sk,
-                        window_left, window_right, softmax_scale_log2)
+                        window_left, window_right, softmax_scale_log2, softcap_pre)
                     pipe_q.consumer_release(q_state)
                     q_state.advance()
                     self.epilogue(
@@ -491,7 +538,7 @@ class FlashFwdSm90:
         self, tidx, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, tOrP_as_acc,
         acc_S, acc_O, acc_S_mn, acc_O_mn, row_max, row_sum, row_scale,
         pipe_k, pipe_v, k_state, v_state, n_min, n_max, row0, sq, sk,
-        window_left, window_right, scale_log2,
+        window_left, window_right, scale_log2, softcap_pre,
     ):
         """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states."""
         n_rows = cute.size(acc_S_mn, mode=[0])
@@ -505,10 +552,11 @@ class FlashFwdSm90:
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(k_state)
                 k_state.advance()
+                self.apply_softcap(acc_S_mn, softcap_pre)
                 self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, sq, sk,
                                 window_left, window_right)
                 self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
-                tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                self.convert_p(acc_S, tOrP_as_acc)
                 for i in cutlass.range(1, n_max - n_min, unroll=1):
                     col0 = (n_max - 1 - i) * self.tile_n
                     pipe_k.consumer_wait(k_state)
@@ -520,6 +568,7 @@ class FlashFwdSm90:
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(k_state)
                     k_state.advance()
+                    self.apply_softcap(acc_S_mn, softcap_pre)
                     if self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
                         self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk,
                                         window_left, window_right)
@@ -530,7 +579,7 @@ class FlashFwdSm90:
                     for r in cutlass.range_constexpr(n_rows):
                         for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                             acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
-                    tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                    self.convert_p(acc_S, tOrP_as_acc)
                 # Last PV.
                 pipe_v.consumer_wait(v_state)
                 self.pingpong_wait(wg)
@@ -549,13 +598,14 @@ class FlashFwdSm90:
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(k_state)
                 k_state.advance()
+                self.apply_softcap(acc_S_mn, softcap_pre)
                 if i == 0 or self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
                     self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right)
                 self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
                 for r in cutlass.range_constexpr(n_rows):
                     for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                         acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
-                tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                self.convert_p(acc_S, tOrP_as_acc)
                 pipe_v.consumer_wait(v_state)
                 self.pingpong_wait(wg)
                 self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
@@ -576,6 +626,17 @@ class FlashFwdSm90:
             need = need or (col0 + self.tile_n > row0 + sk - sq + window_right + 1)
             need = need or (col0 < row0 + self.tile_m - 1 + sk - sq - window_left)
         return need
+
+    @cute.jit
+    def convert_p(self, acc_S, tOrP_as_acc):
+        """P (fp32, in acc_S) -> 16-bit A operand of the PV wgmma, written where it stands."""
+        if cutlass.const_expr("xnopin" in self.variant_flags):
+            tOrP_as_acc.store(acc_S.load().to(self.dtype))
+        else:
+            p32 = cute.recast_tensor(tOrP_as_acc, Uint32)
+            ptx_type = "bf16" if cutlass.const_expr(self.dtype == cutlass.BFloat16) else "f16"
+            for j in cutlass.range_constexpr(cute.size(p32)):
+                p32[j] = _cvt_pair_pinned(acc_S[2 * j], acc_S[2 * j + 1], ptx_type)
 
     def pingpong_wait(self, wg):
         if cutlass.const_expr(self.pingpong):
@@ -605,6 +666,16 @@ class FlashFwdSm90:
         for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
             cute.gemm(atom, acc, tOrP[None, None, k], tOrV[None, None, k, stage], acc)
         warpgroup.commit_group()
+
+    @cute.jit
+    def apply_softcap(self, acc_S_mn, softcap_pre):
+        """Softcap kernels: S -> tanh(S * softmax_scale / softcap), before the mask (a masked -inf
+        must stay -inf). The host then passes softcap * log2(e) and softcap as the softmax's
+        scales, so P = exp(softcap * tanh(...) - max) and the LSE come out in the usual units."""
+        if cutlass.const_expr(self.softcap):
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                    acc_S_mn[r, c] = _tanh_approx(acc_S_mn[r, c] * softcap_pre)
 
     @cute.jit
     def apply_mask(self, acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right):
