@@ -178,10 +178,11 @@ def best_candidates(spec: str | None) -> list[str]:
 
 def choose_ptxas(candidates: dict[str, dict]) -> tuple[str, str]:
     """Pick the release to ship from ``{release: {ptxas_version, registers, spill_store_bytes,
-    spill_load_bytes, ldl, stl}}`` (entries with an ``error`` are ignored).
+    spill_load_bytes, ldl, stl, ptxas_warnings}}`` (entries with an ``error`` are ignored).
 
-    The order is spill_report.pick_best's: no spill bytes first, then the fewest LDL+STL, then
-    the fewest registers, then the newest ptxas. Returns ``(release, reason)``."""
+    The order is spill_report.pick_best's: no spill bytes first, then no ptxas performance
+    warning, then the fewest LDL+STL, then the fewest registers, then the newest ptxas.
+    Returns ``(release, reason)``."""
     rows = [{"ptxas_release": rel, **c} for rel, c in candidates.items() if "error" not in c]
     if not rows:
         raise ValueError("no candidate assembled")
@@ -212,7 +213,8 @@ def build_one_best(cfg: KernelConfig, tcs: dict[str, tcm.Toolchain], out: Path, 
                 continue
             res = infos[rel]["entries"][entry]
             candidates[rel] = {"ptxas_version": tcs[rel].ptxas_version,
-                               **{k: res[k] for k in CANDIDATE_FIELDS}}
+                               **{k: res[k] for k in CANDIDATE_FIELDS},
+                               "ptxas_warnings": warning_codes(infos[rel]["ptxas_diagnostics"])}
         if not infos:
             raise RuntimeError(f"{cfg.name}: every ptxas candidate failed: " + "; ".join(
                 f"{rel}: {c['error']}" for rel, c in candidates.items()))

@@ -167,12 +167,15 @@ def assemble_matrix(
 
 
 def _aggregate(rows: list[dict]) -> dict[str, dict[str, Any]]:
-    """Per ptxas release: total spill bytes, LDL+STL, max registers, and the full version."""
+    """Per ptxas release: total spill bytes, LDL+STL, max registers, ptxas performance warnings
+    and the full version."""
     by_release: dict[str, dict[str, Any]] = {}
     for row in rows:
         agg = by_release.setdefault(
-            row["ptxas_release"], {"version": row["ptxas_version"], "spill": 0, "local_ops": 0, "registers": 0}
+            row["ptxas_release"],
+            {"version": row["ptxas_version"], "spill": 0, "local_ops": 0, "registers": 0, "warnings": set()},
         )
+        agg["warnings"].update(row.get("ptxas_warnings") or ())
         agg["spill"] += _n(row["spill_store_bytes"]) + _n(row["spill_load_bytes"])
         agg["local_ops"] += _n(row["ldl"]) + _n(row["stl"])
         agg["registers"] = max(agg["registers"], _n(row["registers"]))
@@ -182,8 +185,9 @@ def _aggregate(rows: list[dict]) -> dict[str, dict[str, Any]]:
 def pick_best(rows_for_one_kernel: Sequence[dict[str, Any]]) -> tuple[str, str]:
     """Choose a ptxas release for one kernel from its rows (one or more per version).
 
-    Order: no spill bytes first, then fewest LDL+STL, then fewest registers, then the
-    newest version.  Returns ``(release, reason)``, e.g.
+    Order: no spill bytes first, then no ptxas performance warning (e.g. C7512, serialised
+    wgmma), then fewest LDL+STL, then fewest registers, then the newest version.  Returns
+    ``(release, reason)``, e.g.
     ``("13.1", "fewest LDL+STL: 0 vs 12 with 13.0")``.
     """
     by_release = _aggregate(list(rows_for_one_kernel))
@@ -193,7 +197,7 @@ def pick_best(rows_for_one_kernel: Sequence[dict[str, Any]]) -> tuple[str, str]:
     def key(release: str) -> tuple:
         agg = by_release[release]
         newest_first = tuple(-p for p in version_key(agg["version"]))
-        return (agg["spill"] > 0, agg["local_ops"], agg["registers"], newest_first)
+        return (agg["spill"] > 0, bool(agg["warnings"]), agg["local_ops"], agg["registers"], newest_first)
 
     ranked = sorted(by_release, key=key)
     best = ranked[0]
@@ -203,6 +207,8 @@ def pick_best(rows_for_one_kernel: Sequence[dict[str, Any]]) -> tuple[str, str]:
     b, r = by_release[best], by_release[runner]
     if b["spill"] == 0 and r["spill"] > 0:
         return best, f"no spills ({runner} spills {r['spill']} bytes)"
+    if not b["warnings"] and r["warnings"]:
+        return best, f"no ptxas performance warning ({runner}: {', '.join(sorted(r['warnings']))})"
     if b["local_ops"] != r["local_ops"]:
         return best, f"fewest LDL+STL: {b['local_ops']} vs {r['local_ops']} with {runner}"
     if b["registers"] != r["registers"]:

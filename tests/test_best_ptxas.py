@@ -117,7 +117,8 @@ def test_best_build_records_the_choice_and_ships_the_chosen_cubin(toolchains, tm
     assert choice["mode"] == "best" and set(choice["candidates"]) == {"13.0", "13.1"}
     for release, c in choice["candidates"].items():
         assert c["ptxas_version"] == toolchains[release].ptxas_version
-        assert set(c) == {"ptxas_version", *bld.CANDIDATE_FIELDS}
+        assert set(c) == {"ptxas_version", "ptxas_warnings", *bld.CANDIDATE_FIELDS}
+        assert c["ptxas_warnings"] == []
         assert c["registers"] > 0 and c["ldl"] >= 0
     chosen = choice["chosen"]
     assert (chosen, choice["reason"]) == bld.choose_ptxas(choice["candidates"])

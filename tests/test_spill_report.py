@@ -202,6 +202,14 @@ def test_pick_best_then_fewest_local_ops_then_registers_then_newest():
     assert pick_best([row("13.1")]) == ("13.1", "only version tried")
 
 
+def test_pick_best_avoids_ptxas_performance_warnings():
+    warned = {**row("13.1", regs=80), "ptxas_warnings": ["C7512"]}
+    assert pick_best([warned, row("13.0", regs=90)]) == (
+        "13.0", "no ptxas performance warning (13.1: C7512)")
+    spilling = {**row("13.0", spill=8), "ptxas_warnings": []}
+    assert pick_best([warned, spilling])[0] == "13.1"  # spills still rank first
+
+
 def test_pick_best_sums_entries_of_one_version():
     rows = [row("13.0", ldl=1, entry="a"), row("13.0", ldl=1, entry="b"), row("13.1", ldl=3, entry="a"),
             row("13.1", entry="b")]  # fmt: skip
