@@ -368,7 +368,7 @@ def build(env, prov, case, inp, varlen_peer):
 def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_peer, dtype):
     """Every provider is built, checked and warmed up first; then the repeats go round the
     providers in turn (the order reversed every other round), so that clock and power drift
-    while the case runs falls on all providers alike, not on whichever ran last."""
+    while the case runs falls on all providers alike, not on the order they ran in."""
     torch = env.torch
     row = bl.Row(case)
     inp = Inputs(case, dtype)
