@@ -316,8 +316,8 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         "window_left": window_left if window_left >= 0 else unbounded,
         "window_right": window_right if window_right >= 0 else unbounded,
     }
-    packed = runtime.pack_params(launch["params"], values, {"q": q4, "k": k4, "v": v4})
     grid = grid_size(launch["grid"], num_tiles, num_sms(q.device))
-    runtime.launch(kernel, (grid, 1, 1), launch["block"], launch["dynamic_smem_bytes"], stream,
-                   packed, launch.get("cluster"))
+    runtime.launch_plan(name, launch["params"]).launch(
+        kernel, (grid, 1, 1), launch["block"], launch["dynamic_smem_bytes"], stream, values,
+        {"q": q4, "k": k4, "v": v4}, launch.get("cluster"))
     return out, lse

@@ -1,7 +1,8 @@
 """Loading cubins and launching them through cuda-python (cuda.bindings.driver).
 
-Generic over the manifest's launch record (``fa4_aot/abi.py``): it builds one byte buffer per
-kernel parameter and calls ``cuLaunchKernelEx`` on the caller's stream. Nothing here knows
+Generic over the manifest's launch record (``fa4_aot/abi.py``): a :class:`LaunchPlan` per
+kernel packs the parameters into one host buffer and calls ``cuLaunchKernelEx`` on the
+caller's stream. Nothing here knows
 what the kernel computes.
 
 Imports ``cuda.bindings`` lazily, on the first launch, so ``import fa4_aot`` stays cheap and
@@ -114,51 +115,109 @@ def tensormap_bytes(param: dict, tensor) -> bytes:
     return data
 
 
+_SCALAR_FORMATS = {"ptr": ("<Q", int), "i64": ("<q", int), "i32": ("<i", int), "f32": ("<f", float)}
+
+
+class LaunchPlan:
+    """How one kernel's parameters are laid out and packed, worked out once per launch record.
+
+    Every parameter gets a 64-byte aligned slot in one host buffer; scalars and int tuples are
+    written with precompiled ``struct.Struct`` objects, TMA descriptors copied in from the
+    descriptor cache, ``static`` placeholders stay zero. The buffer, the array of parameter
+    pointers into it and the ``CUlaunchConfig`` objects are kept per thread and reused: the
+    driver copies the parameter values when ``cuLaunchKernelEx`` is called, so the next call
+    may overwrite them."""
+
+    def __init__(self, params: list[dict]):
+        self.params = params
+        self.offsets, pos = [], 0
+        self.fields = []  # (offset, Struct, value names, cast) for scalars and tuples
+        self.tensormaps = []  # (offset, param)
+        for p in params:
+            pos = (pos + 63) & ~63
+            self.offsets.append(pos)
+            kind = p["kind"]
+            if kind == "tensormap":
+                self.tensormaps.append((pos, p))
+                size = 128
+            elif kind == "i32_tuple":
+                st = struct.Struct(f"<{len(p['values'])}i")
+                self.fields.append((pos, st, tuple(p["values"]), int))
+                size = st.size
+            elif kind in _SCALAR_FORMATS:
+                fmt, cast = _SCALAR_FORMATS[kind]
+                st = struct.Struct(fmt)
+                self.fields.append((pos, st, (p["value"],), cast))
+                size = st.size
+            elif kind == "static":
+                size = p["size"]
+            else:
+                raise ValueError(f"unknown parameter kind {kind!r} in the manifest")
+            if size != p["size"]:
+                raise ValueError(f"parameter {p['name']}: packed {size} bytes, record says {p['size']}")
+            pos += size
+        self.size = pos
+        self._local = threading.local()
+
+    def _state(self):
+        st = getattr(self._local, "state", None)
+        if st is None:
+            raw = ctypes.create_string_buffer(self.size + 64)  # zeroed: static params stay 0
+            base = (ctypes.addressof(raw) + 63) & ~63
+            buf = (ctypes.c_char * self.size).from_address(base)
+            ptrs = (ctypes.c_void_p * len(self.offsets))(*[base + o for o in self.offsets])
+            st = self._local.state = (raw, buf, ptrs, {})
+        return st
+
+    def pack(self, values: dict, tensors: dict):
+        """Write every parameter into this thread's buffer; returns the buffer."""
+        _, buf, _, _ = self._state()
+        for off, st, names, cast in self.fields:
+            st.pack_into(buf, off, *[cast(values[n]) for n in names])
+        for off, p in self.tensormaps:
+            buf[off:off + 128] = tensormap_bytes(p, tensors[p["tensor"]])
+        return buf
+
+    def launch(self, kernel, grid: tuple, block: list, smem: int, stream_handle: int,
+               values: dict, tensors: dict, cluster: list | None = None):
+        """Pack and ``cuLaunchKernelEx`` on the given stream."""
+        self.pack(values, tensors)
+        _, _, ptrs, configs = self._state()
+        key = (int(kernel), tuple(grid), tuple(block), smem, stream_handle,
+               tuple(cluster or (1, 1, 1)))
+        hit = configs.get(key)
+        if hit is None:
+            if len(configs) > 64:
+                configs.clear()
+            hit = configs[key] = _launch_config(kernel, grid, block, smem, stream_handle, cluster)
+        cfg, func = hit
+        _check(_driver().cuLaunchKernelEx(cfg, func, ctypes.addressof(ptrs), 0), "cuLaunchKernelEx")
+
+
+_plans: dict = {}
+
+
+def launch_plan(name: str, params: list[dict]) -> LaunchPlan:
+    """The (cached) plan of a manifest kernel."""
+    plan = _plans.get(name)
+    if plan is None or plan.params is not params:
+        plan = _plans[name] = LaunchPlan(params)
+    return plan
+
+
 def pack_params(params: list[dict], values: dict, tensors: dict) -> list[bytes]:
-    """One bytes object per kernel parameter, each exactly ``size`` bytes.
+    """One bytes object per kernel parameter, each exactly ``size`` bytes (what
+    :class:`LaunchPlan` writes into its buffer, sliced per parameter).
 
     Pure function of the record and the values (no GPU work except ``tensormap`` encoding),
     so it is tested on the CPU against the PTX entry signatures."""
-    out = []
-    for p in params:
-        kind = p["kind"]
-        if kind == "tensormap":
-            b = tensormap_bytes(p, tensors[p["tensor"]])
-        elif kind == "i32_tuple":
-            b = struct.pack(f"<{len(p['values'])}i", *(int(values[v]) for v in p["values"]))
-        elif kind == "ptr":
-            b = struct.pack("<Q", int(values[p["value"]]))
-        elif kind == "i64":
-            b = struct.pack("<q", int(values[p["value"]]))
-        elif kind == "i32":
-            b = struct.pack("<i", int(values[p["value"]]))
-        elif kind == "f32":
-            b = struct.pack("<f", float(values[p["value"]]))
-        elif kind == "static":
-            b = bytes(p["size"])
-        else:
-            raise ValueError(f"unknown parameter kind {kind!r} in the manifest")
-        if len(b) != p["size"]:
-            raise ValueError(f"parameter {p['name']}: packed {len(b)} bytes, record says {p['size']}")
-        out.append(b)
-    return out
+    plan = LaunchPlan(params)
+    buf = plan.pack(values, tensors)
+    return [bytes(buf[off:off + p["size"]]) for off, p in zip(plan.offsets, params)]
 
 
-def launch(kernel, grid: tuple, block: list, smem: int, stream_handle: int, packed: list[bytes],
-           cluster: list | None = None):
-    """cuLaunchKernelEx with one host pointer per parameter (the driver copies the values at
-    launch, so the host buffer only has to live for the call)."""
+def _launch_config(kernel, grid, block, smem, stream_handle, cluster):
     drv = _driver()
-    offsets, pos = [], 0
-    for b in packed:  # one contiguous host buffer, each parameter 64-byte aligned
-        pos = (pos + 63) & ~63
-        offsets.append(pos)
-        pos += len(b)
-    buf = ctypes.create_string_buffer(pos + 64)
-    base = (ctypes.addressof(buf) + 63) & ~63
-    for off, b in zip(offsets, packed):
-        ctypes.memmove(base + off, b, len(b))
-    ptrs = (ctypes.c_void_p * len(packed))(*[base + off for off in offsets])
     cfg = drv.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
@@ -170,5 +229,4 @@ def launch(kernel, grid: tuple, block: list, smem: int, stream_handle: int, pack
         a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cluster
         cfg.attrs = [a]
         cfg.numAttrs = 1
-    _check(drv.cuLaunchKernelEx(cfg, drv.CUfunction(int(kernel)), ctypes.addressof(ptrs), 0),
-           "cuLaunchKernelEx")
+    return cfg, drv.CUfunction(int(kernel))

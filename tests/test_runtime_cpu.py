@@ -1,5 +1,6 @@
 """Runtime pieces that need no GPU: parameter packing, grid rule, input validation."""
 
+import ctypes
 import struct
 
 import pytest
@@ -222,3 +223,24 @@ def test_softcap_launch_values():
     torch.testing.assert_close(torch.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdim=True), v), out)
     assert interface.softmax_scalars(scale, 0.0) == {
         "softmax_scale_log2": scale * math.log2(math.e), "softmax_scale": scale, "softcap_pre": 0.0}
+
+
+def test_launch_plan_layout_and_buffer_reuse(monkeypatch):
+    """The plan packs every parameter of a real record at 64-byte aligned offsets (descriptors
+    from the descriptor cache, faked here), static placeholders zero, and rewrites the same
+    buffer on the next call."""
+    from fa4_aot import runtime
+    params = abi.fwd_params("bf16", 128, 128, 128)
+    monkeypatch.setattr(runtime, "tensormap_bytes", lambda p, t: bytes([len(p["name"])]) * 128)
+    plan = runtime.LaunchPlan(params)
+    assert all(o % 64 == 0 for o in plan.offsets)
+    buf = plan.pack(_values(), {"q": None, "k": None, "v": None})
+    for off, p, b in zip(plan.offsets, params, pack_params(params, _values(), {"q": None, "k": None, "v": None})):
+        assert bytes(buf[off:off + p["size"]]) == b
+    assert bytes(buf[plan.offsets[0]:plan.offsets[0] + 128]) == bytes([5]) * 128  # "tma_q"
+    again = plan.pack(_values() | {"softmax_scale": 2.0}, {"q": None, "k": None, "v": None})
+    assert ctypes.addressof(again) == ctypes.addressof(buf)
+    i = [p["name"] for p in params].index("softmax_scale")
+    assert struct.unpack_from("<f", again, plan.offsets[i]) == (2.0,)
+    with pytest.raises(ValueError, match="packed 4 bytes, record says 8"):
+        runtime.LaunchPlan([{"name": "x", "kind": "i32", "size": 8, "align": 8, "value": "x"}])
