@@ -541,16 +541,10 @@ class FlashFwdSm90:
         window_left, window_right, scale_log2, softcap_pre,
     ):
         """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states."""
-        n_rows = cute.size(acc_S_mn, mode=[0])
         if cutlass.const_expr(self.intra_wg_overlap):
             if n_max > n_min:
                 # First (last-in-sequence) block: always masked.
-                pipe_k.consumer_wait(k_state)
-                self.pingpong_wait(wg)
-                self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                self.pingpong_signal(wg)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(k_state)
+                self.qk_alone(wg, tiled_mma_qk, acc_S, tSrQ, tSrK, pipe_k, k_state)
                 k_state.advance()
                 self.apply_softcap(acc_S_mn, softcap_pre)
                 self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, sq, sk,
@@ -576,42 +570,23 @@ class FlashFwdSm90:
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     v_state.advance()
-                    for r in cutlass.range_constexpr(n_rows):
-                        for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                            acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                    self.rescale_o(acc_O_mn, row_scale)
                     self.convert_p(acc_S, tOrP_as_acc)
                 # Last PV.
-                pipe_v.consumer_wait(v_state)
-                self.pingpong_wait(wg)
-                self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
-                self.pingpong_signal(wg)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
+                self.pv_alone(wg, tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, v_state)
                 v_state.advance()
         else:
             for i in cutlass.range(n_max - n_min, unroll=1):
                 col0 = (n_max - 1 - i) * self.tile_n
-                pipe_k.consumer_wait(k_state)
-                self.pingpong_wait(wg)
-                self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                self.pingpong_signal(wg)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(k_state)
+                self.qk_alone(wg, tiled_mma_qk, acc_S, tSrQ, tSrK, pipe_k, k_state)
                 k_state.advance()
                 self.apply_softcap(acc_S_mn, softcap_pre)
                 if i == 0 or self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
                     self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right)
                 self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
-                for r in cutlass.range_constexpr(n_rows):
-                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                        acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                self.rescale_o(acc_O_mn, row_scale)
                 self.convert_p(acc_S, tOrP_as_acc)
-                pipe_v.consumer_wait(v_state)
-                self.pingpong_wait(wg)
-                self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
-                self.pingpong_signal(wg)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
+                self.pv_alone(wg, tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, v_state)
                 v_state.advance()
         return k_state, v_state
 
@@ -637,6 +612,33 @@ class FlashFwdSm90:
             ptx_type = "bf16" if cutlass.const_expr(self.dtype == cutlass.BFloat16) else "f16"
             for j in cutlass.range_constexpr(cute.size(p32)):
                 p32[j] = _cvt_pair_pinned(acc_S[2 * j], acc_S[2 * j + 1], ptx_type)
+
+    # Plain Python helpers (inlined while tracing, like pingpong_wait). The caller advances the
+    # pipeline state after each: the tracer carries a state through a loop only when the
+    # loop body itself rebinds it (an advance inside a helper escapes the loop).
+    def qk_alone(self, wg, tiled_mma_qk, acc_S, tSrQ, tSrK, pipe_k, k_state):
+        """S = Q K^T for the next key block, waited for (no PV in flight)."""
+        pipe_k.consumer_wait(k_state)
+        self.pingpong_wait(wg)
+        self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+        self.pingpong_signal(wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(k_state)
+
+    def pv_alone(self, wg, tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, v_state):
+        """O += P V for the next value block, waited for (no QK in flight)."""
+        pipe_v.consumer_wait(v_state)
+        self.pingpong_wait(wg)
+        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+        self.pingpong_signal(wg)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+
+    def rescale_o(self, acc_O_mn, row_scale):
+        """O *= the online softmax's per-row correction."""
+        for r in range(cute.size(acc_O_mn, mode=[0])):  # static sizes: unrolled while tracing
+            for c in range(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
 
     def pingpong_wait(self, wg):
         if cutlass.const_expr(self.pingpong):
