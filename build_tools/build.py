@@ -2,14 +2,17 @@
 
     python build_tools/build.py [--ptxas 13.1|best] [--best-candidates 13.0,13.1] [--only REGEX]
                                 [--jobs N] [--force] [--allow-isa-rewrite] [--out artifacts]
-                                [--check-reproducible]
+                                [--check-reproducible] [--report]
 
 Every configuration of ``fa4_aot.configs.CONFIG_SPACE`` is compiled in its own process (the DSL
 names entries with a per-process counter), in parallel over the cores. A configuration is
 rebuilt only when its fingerprint changes: kernel sources, nvidia-cutlass-dsl version, ptxas
 version (with ``--ptxas best``: the full versions of every candidate), configuration.
 ``--check-reproducible`` rebuilds everything into a temporary folder and compares each cubin's
-sha256 with the committed manifest (exit 1 on a difference).
+sha256 with the committed manifest (exit 1 on a difference). Both print one progress line per
+configuration with an ETA and end with a one-line verdict (``build_verdict``:
+"169 kernels: 0 spill, 0 ptxas warnings, manifest artifacts/manifest.json";
+``reproducibility_verdict``); ``--report`` runs the spill report before the verdict.
 
 ``--ptxas best`` assembles each configuration's PTX with every candidate ptxas (default: all of
 ``toolchain.SUPPORTED_PTXAS``, i.e. 12.9 and 13.0 ... 13.5; restrict with ``--best-candidates``
@@ -38,6 +41,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -230,17 +234,118 @@ def build_one_best(cfg: KernelConfig, tcs: dict[str, tcm.Toolchain], out: Path, 
     return rec
 
 
-def _progress(done: int, total: int, name: str, status: str, t0: float):
+# --------------------------------------------------------------------------- progress, verdict
+
+# Measured: 169 configurations rebuilt from scratch in ~13 min with 2 jobs on a 2-core machine,
+# i.e. ~9 s of one core per configuration (DSL compile + ptxas + inspection). Only the first
+# estimate uses it; the ETA then follows the measured rate.
+SECONDS_PER_CONFIG_CORE = 9.2
+
+
+def format_duration(seconds: float) -> str:
+    """``7 -> "7s"``, ``185 -> "3m05s"``, ``3725 -> "1h02m"``."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta_seconds(done: int, total: int, elapsed: float) -> float | None:
+    """Remaining time at the rate so far (None before the first configuration finishes)."""
+    if done <= 0 or total <= 0:
+        return None
+    return elapsed / done * max(total - done, 0)
+
+
+def estimate_seconds(n_configs: int, jobs: int) -> float:
+    """A first guess for ``n_configs`` configurations over ``jobs`` processes."""
+    if n_configs <= 0:
+        return 0.0
+    return SECONDS_PER_CONFIG_CORE * n_configs / max(1, min(jobs, n_configs))
+
+
+def progress_line(done: int, total: int, name: str, status: str, elapsed: float) -> str:
     width = 24
     fill = int(width * done / max(total, 1))
-    line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {status:<6} {name}  ({time.time() - t0:.0f}s)"
-    print(line, flush=True)
+    eta = eta_seconds(done, total, elapsed)
+    when = format_duration(elapsed) + (
+        "" if done >= total or eta is None else f", ETA {format_duration(eta)}")
+    return f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {status:<6} {name}  ({when})"
+
+
+def _progress(done: int, total: int, name: str, status: str, t0: float):
+    print(progress_line(done, total, name, status, time.time() - t0), flush=True)
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def build_verdict(manifest: dict, manifest_path: Path, failures=()) -> str:
+    """The build's last line: ``169 kernels: 0 spill, 0 ptxas warnings, manifest
+    artifacts/manifest.json``. A kernel spills when ptxas -v reports spill bytes or its SASS
+    has LDL/STL; a ptxas warning is a coded diagnostic (C7512 & co.)."""
+    kernels = manifest.get("kernels", {})
+
+    def spills(rec):
+        res = rec.get("resources", {})
+        return any(res.get(k) for k in ("spill_store_bytes", "spill_load_bytes", "ldl", "stl"))
+
+    def named(names):
+        names = sorted(names)
+        if not names:
+            return ""
+        return " (" + ", ".join(names[:3]) + (f", +{len(names) - 3} more" if len(names) > 3
+                                              else "") + ")"
+
+    spilling = [n for n, r in kernels.items() if spills(r)]
+    warned = [n for n, r in kernels.items() if warning_codes(r.get("ptxas_diagnostics", ()))]
+    line = (f"{len(kernels)} kernel{'s' if len(kernels) != 1 else ''}: "
+            f"{len(spilling)} spill{named(spilling)}, "
+            f"{len(warned)} ptxas warning{'s' if len(warned) != 1 else ''}{named(warned)}, "
+            f"manifest {_display_path(manifest_path)}")
+    b = manifest.get("build", {})
+    if b.get("ptx_isa_rewritten"):
+        line += (f"; PTX ISA rewritten to {b.get('ptx_isa_accepted')} for ptxas "
+                 f"{b.get('ptxas_release')} (ALLOW_ISA_REWRITE)")
+    failures = sorted(failures)
+    if failures:
+        line = (f"FAILED: {len(failures)} configuration{'s' if len(failures) > 1 else ''} did "
+                f"not build{named(failures)}; " + line)
+    return line
+
+
+def ptxas_argument_error(value: str | None, allow_isa_rewrite: bool = False) -> str | None:
+    """What is wrong with a PTXAS / --ptxas value, for the user (None when it is fine)."""
+    valid = (f"valid: {', '.join(tcm.SUPPORTED_PTXAS)} or {BEST} (per kernel, the best of "
+             f"those); {', '.join(tcm.ISA_REWRITE_PTXAS)} only with ALLOW_ISA_REWRITE=1")
+    v = (value or "").strip()
+    if not v:
+        return f"PTXAS is empty: name a ptxas release, e.g. `make build PTXAS={tcm.DEFAULT_PTXAS}`; " \
+            + valid
+    if v in tcm.ISA_REWRITE_PTXAS and not allow_isa_rewrite:
+        return (f"PTXAS={v}: ptxas {v} accepts PTX ISA up to {tcm.PTX_ISA_BY_PTXAS[v]}, but the "
+                f"CuTe DSL emits PTX ISA {tcm.PTX_ISA_BY_PTXAS[tcm.SUPPORTED_PTXAS[0]]}, so the "
+                f"oldest usable ptxas is {tcm.SUPPORTED_PTXAS[0]}. To assemble with {v} anyway, "
+                f"lowering the PTX .version header (warned, recorded in the manifest): "
+                f"`make build PTXAS={v} ALLOW_ISA_REWRITE=1` "
+                f"(build.py --ptxas {v} --allow-isa-rewrite)")
+    if v != BEST and v not in tcm.SUPPORTED_PTXAS and v not in tcm.ISA_REWRITE_PTXAS:
+        return f"PTXAS={v!r} is not a ptxas release this build knows; " + valid
+    return None
 
 
 def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
           allow_isa_rewrite: bool, variants: list[str] = (),
-          candidates: str | None = None) -> int:
-    """``ptxas`` is a release or ``"best"``; ``candidates`` ("13.0,13.1") restricts ``best``."""
+          candidates: str | None = None, report: bool = False, verdict: bool = True) -> int:
+    """``ptxas`` is a release or ``"best"``; ``candidates`` ("13.0,13.1") restricts ``best``.
+    ``report``: run the spill report on the written manifest; ``verdict``: end with the one-line
+    verdict (build_verdict), printed last."""
     dsl_version = _installed_dsl_version()
     if dsl_version != CUTLASS_DSL_PIN:
         print(f"warning: nvidia-cutlass-dsl {dsl_version} installed, pinned {CUTLASS_DSL_PIN}",
@@ -264,8 +369,8 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
     if isa_rewrite:
         print(f"WARNING: ptxas {ptxas} accepts PTX ISA {tcm.PTX_ISA_BY_PTXAS[ptxas]} only; the "
               f"DSL emits {tcm.PTX_ISA_BY_PTXAS['12.9']}. Rewriting the .version header as you "
-              "asked (--allow-isa-rewrite). ptxas still validates every instruction; the "
-              "manifest records the rewrite.", file=sys.stderr)
+              "asked (ALLOW_ISA_REWRITE=1 / --allow-isa-rewrite). ptxas still validates every "
+              "instruction; the manifest records the rewrite.", file=sys.stderr)
 
     space = list(CONFIG_SPACE)
     for v in variants:  # experiment builds: the same configurations with a kernel variant
@@ -292,7 +397,9 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
     print(f"fa4_aot build: {len(configs)} configurations, {len(kept)} up to date, "
           f"{len(todo)} to build; ptxas "
           + (f"best of {', '.join(t.ptxas_version for t in tcs.values())}" if best
-             else tc.ptxas_version) + f", nvidia-cutlass-dsl {dsl_version}",
+             else tc.ptxas_version) + f", nvidia-cutlass-dsl {dsl_version}"
+          + (f"; {jobs} job{'s' if jobs != 1 else ''}, first estimate "
+             f"~{format_duration(estimate_seconds(len(todo), jobs))}" if todo else ""),
           flush=True)
 
     t0 = time.time()
@@ -367,41 +474,98 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             print(f"ptxas best: {name} -> {choice['chosen']} ({choice['reason']})")
     for name, err in sorted(failures.items()):
         print(f"FAILED {name}: {err}", file=sys.stderr)
-    return 1 if failures else 0
+    rc = 1 if failures else 0
+    if report:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        r = subprocess.run([sys.executable, str(ROOT / "build_tools/spill_report.py"),
+                            "--manifest", str(manifest_path)], cwd=ROOT)
+        if r.returncode:
+            print(f"error: the spill report failed (exit {r.returncode})", file=sys.stderr)
+            rc = rc or r.returncode
+    if verdict:
+        sys.stderr.flush()
+        print(build_verdict(manifest, manifest_path, failures), flush=True)
+    return rc
 
 
-def check_reproducible(ptxas: str, jobs: int, only: str | None,
-                       candidates: str | None = None) -> int:
-    """Rebuild into a temp dir and compare sha256s with the committed manifest."""
-    committed = json.loads((ROOT / "artifacts/manifest.json").read_text())
+def reproducibility_verdict(identical: int, different, failed, manifest_path: Path,
+                            build_record: dict) -> str:
+    """The last line of ``make reproducible``."""
+    different, failed = sorted(different), sorted(failed)
+    total = identical + len(different) + len(failed)
+    where = _display_path(manifest_path)
+    if not different and not failed and total:
+        return (f"reproducible: {identical} of {total} cubins identical to {where} (sha256; "
+                f"ptxas {build_record.get('ptxas_version')}, nvidia-cutlass-dsl "
+                f"{build_record.get('cutlass_dsl_version')})")
+    parts = []
+    if different:
+        parts.append(f"{len(different)} differ (" + ", ".join(different[:3])
+                     + (f", +{len(different) - 3} more" if len(different) > 3 else "") + ")")
+    if failed:
+        parts.append(f"{len(failed)} did not build (" + ", ".join(failed[:3])
+                     + (f", +{len(failed) - 3} more" if len(failed) > 3 else "") + ")")
+    if not total:
+        parts.append("nothing was checked")
+    return f"NOT reproducible: of {total} kernels, " + "; ".join(parts) + f" against {where}"
+
+
+def check_reproducible(ptxas: str | None, jobs: int, only: str | None,
+                       candidates: str | None = None,
+                       committed_path: Path = ROOT / "artifacts/manifest.json") -> int:
+    """Rebuild into a temp dir and compare sha256s with the committed manifest. ``ptxas``
+    None: the committed build's release (and, for ``best``, its candidates)."""
+    committed = json.loads(committed_path.read_text())
+    cb = committed.get("build", {})
+    if ptxas is None:
+        ptxas = cb.get("ptxas_release") or tcm.DEFAULT_PTXAS
+        if ptxas == BEST and candidates is None:
+            candidates = ",".join(cb.get("ptxas_candidates", ())) or None
+    expected = [c.name for c in CONFIG_SPACE if not only or re.search(only, c.name)]
+    print(f"reproducibility check: rebuilding {len(expected)} configurations from scratch with "
+          f"ptxas {ptxas} and comparing each cubin's sha256 with {_display_path(committed_path)}",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="fa4aot_repro_") as tmp:
-        rc = build(ptxas, Path(tmp), only, jobs, True, False, candidates=candidates)
-        fresh = json.loads((Path(tmp) / "manifest.json").read_text())
-        bad = 0
+        rc = build(ptxas, Path(tmp), only, jobs, True, False, candidates=candidates,
+                   verdict=False)
+        fresh_path = Path(tmp) / "manifest.json"
+        if not fresh_path.exists():  # the build stopped before writing anything
+            return rc or 1
+        fresh = json.loads(fresh_path.read_text())
+        different, identical = [], 0
         for name, rec in fresh["kernels"].items():
             old = committed["kernels"].get(name)
             if old is None:
                 print(f"NOT COMMITTED {name}")
-                bad += 1
+                different.append(name)
             elif old["sha256"] != rec["sha256"]:
-                same_ptx = (ROOT / "artifacts" / old["ptx"]).read_bytes() == \
+                same_ptx = (committed_path.parent / old["ptx"]).read_bytes() == \
                     (Path(tmp) / rec["ptx"]).read_bytes()
                 why = ("PTX identical: ptxas output differs" if same_ptx
                        else "PTX differs: the DSL compile is not reproducible or sources changed")
                 print(f"MISMATCH {name}: committed {old['sha256'][:12]} rebuilt "
                       f"{rec['sha256'][:12]} ({why})")
-                bad += 1
+                different.append(name)
             else:
                 print(f"same {name} {rec['sha256'][:12]}")
-        print(f"reproducibility: {len(fresh['kernels']) - bad} identical, {bad} different")
-        return 1 if (bad or rc) else 0
+                identical += 1
+        failed = [n for n in expected if n not in fresh["kernels"]]
+        if not only:  # committed kernels the configuration space no longer has
+            for name in sorted(set(committed["kernels"]) - set(expected)):
+                print(f"NOT IN THE CONFIGURATION SPACE {name} (committed, not rebuilt)")
+                different.append(name)
+        print(reproducibility_verdict(identical, different, failed, committed_path,
+                                      fresh.get("build", {})), flush=True)
+        return 1 if (different or failed or rc) else 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ptxas", default=os.environ.get("PTXAS") or tcm.DEFAULT_PTXAS,
-                    help=f"ptxas release ({', '.join(tcm.SUPPORTED_PTXAS)}; default "
-                         f"{tcm.DEFAULT_PTXAS}), or '{BEST}': assemble every kernel with each "
+    ap.add_argument("--ptxas", default=None,
+                    help=f"ptxas release ({', '.join(tcm.SUPPORTED_PTXAS)}; default $PTXAS, else "
+                         f"{tcm.DEFAULT_PTXAS}; with --check-reproducible the committed "
+                         f"manifest's), or '{BEST}': assemble every kernel with each "
                          "candidate release and ship, per kernel, the one with no spill bytes, "
                          "then the fewest LDL+STL, then the fewest registers, then the newest "
                          "ptxas (the manifest records every candidate and the reason)")
@@ -415,11 +579,23 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if up to date")
     ap.add_argument("--allow-isa-rewrite", action="store_true",
                     help="allow ptxas 12.8 by rewriting the PTX .version header (loudly warned)")
-    ap.add_argument("--check-reproducible", action="store_true")
+    ap.add_argument("--check-reproducible", action="store_true",
+                    help="rebuild everything into a temporary folder and compare each cubin's "
+                         "sha256 with artifacts/manifest.json (exit 1 on a difference)")
+    ap.add_argument("--report", action="store_true",
+                    help="run the spill report on the written manifest before the verdict line")
     ap.add_argument("--variants", default="",
                     help="comma-separated experimental kernel variants to build too (use with "
                          "--out elsewhere; see FlashFwdSm90 for the tokens)")
     a = ap.parse_args(argv)
+    if a.ptxas is not None or not a.check_reproducible:
+        if a.ptxas is None:
+            a.ptxas = os.environ.get("PTXAS") or tcm.DEFAULT_PTXAS
+        problem = ptxas_argument_error(a.ptxas, a.allow_isa_rewrite)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        a.ptxas = a.ptxas.strip()
     if a.best_candidates is not None and a.ptxas != BEST:
         print(f"error: --best-candidates needs --ptxas {BEST} (got --ptxas {a.ptxas})",
               file=sys.stderr)
@@ -430,7 +606,7 @@ def main(argv=None) -> int:
         return check_reproducible(a.ptxas, a.jobs, a.only, candidates)
     variants = [v for v in a.variants.split(",") if v]
     return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite, variants,
-                 candidates)
+                 candidates, report=a.report)
 
 
 if __name__ == "__main__":

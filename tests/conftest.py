@@ -3,3 +3,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+REPRODUCIBLE_SKIP = ("full rebuild of every kernel (~13 min on 2 cores): `make reproducible` runs it "
+                     "(CI does); here only with pytest --run-reproducible")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-reproducible", action="store_true",
+                     help="also run the tests marked 'reproducible' (rebuild every kernel)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "reproducible: rebuilds every shipped kernel (~13 min on 2 "
+                            "cores); skipped unless --run-reproducible (`make reproducible`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-reproducible"):
+        return
+    skip = pytest.mark.skip(reason=REPRODUCIBLE_SKIP)
+    for item in items:
+        if "reproducible" in item.keywords:
+            item.add_marker(skip)
