@@ -59,3 +59,18 @@ def test_selection_on_a_blackwell_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     with pytest.raises(RuntimeError, match="compute capability 8.0"):
         interface.select_kernel(torch.device("cuda", 0), torch.float16, 64, False)
+
+
+def test_sm100_source_structure():
+    """Readable units (issue 11): no kernel function takes more than 12 parameters, the K/V
+    depth comes from configs.TILES only, the CLC scheduler lives behind tile_sched's interface."""
+    import ast
+    src = (ROOT / "fa4_aot/kernels/sm100_fwd.py").read_text()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.FunctionDef):
+            n = len(node.args.args) + len(node.args.kwonlyargs)
+            assert n <= 12, f"{node.name} takes {n} parameters"
+    assert "KV_STAGES" not in src and "issue_clc_query" not in src
+    sched = (ROOT / "fa4_aot/kernels/tile_sched.py").read_text()
+    assert "class ClcScheduler(TileScheduler)" in sched
+    assert "class AtomicCounterScheduler(TileScheduler)" in sched

@@ -19,8 +19,8 @@ cluster of one):
   PV(i), so the tensor core computes the next S while the softmax warps work on the current one.
 * warp 5, load: TMA loads of Q (once per tile) and of K and V (one n-block at a time,
   ``kv_stages`` deep, each on its own ``PipelineTmaUmma``).
-* warp 6, scheduler (``clc`` only): issues ``clusterlaunchcontrol.try_cancel`` (see the CLC
-  protocol below). In ``static`` mode it has nothing to do and returns at once.
+* warp 6, scheduler (``clc`` only): issues ``clusterlaunchcontrol.try_cancel`` (the CLC
+  protocol is in ``tile_sched.py``). In ``static`` mode it has nothing to do and returns at once.
 
 Tensor memory (512 columns, 32-bit each, 128 lanes = rows): S0 at column 0, S1 at 128, O at
 256 (``head_dim`` columns), P at 384 (64 columns: two 16-bit values per column).
@@ -28,49 +28,24 @@ Tensor memory (512 columns, 32-bit each, 128 lanes = rows): S0 at column 0, S1 a
 Key blocks are visited from the last to the first, so the blocks that need the causal or the
 sequence-end mask come first and the rest run unmasked (the same order as the sm_90a kernel).
 
-Kernel parameters (launch ABI): exactly the 22 runtime parameters of ``FlashFwdSm90.kernel``
-(TMA descriptor + coordinate shape for Q, K, V; pointers O, LSE, sched, trace; three Int64 O
-strides; seven Int32; two Float32) and nothing after them: the four shared/tensor-memory
-layouts passed to ``kernel`` are static and produce no PTX parameter, and the two tiled MMAs
-are rebuilt inside the kernel (passed as arguments they would become 32-byte runtime
-parameters holding MMA-descriptor state). ``sched_ptr`` and ``trace_ptr`` are accepted but
-unused. The TMA boxes are those of the sm_90a kernel: 64 (head_dim chunk, 128-byte swizzle)
-x 128 rows for Q, K and V (V described as (d, seqlen_k, heads, batch)), two boxes per
-operand at head_dim 128. Block (224, 1, 1) (``.reqntid``), no cluster attribute needed.
+Kernel parameters (launch ABI): the 22 runtime parameters of the base list of
+``fa4_aot.abi.fwd_params`` (``extended=False``: the sm_90a list without its varlen, window,
+LSE-stride and softcap parameters): TMA descriptor + coordinate shape for Q, K, V; pointers O,
+LSE, sched, trace; three Int64 O strides; seven Int32; two Float32; nothing after them. ``__call__`` and
+``kernel`` take them as the NamedTuple groups of ``fa4_aot.abi.FWD_SM100`` (``Ptrs``,
+``Strides``, ``Shape``, ``Softmax``: their fields are the parameters, in order); inside, the
+warps get what they use (``Gmem``: O, LSE and ``common.OStrides``; ``tile_sched.ClcScheduler``
+with its ``TileSchedParams``). The shared/tensor-memory layouts passed to ``kernel`` are static and
+produce no PTX parameter, and the two tiled MMAs are rebuilt inside the kernel (passed as
+arguments they would become 32-byte runtime parameters holding MMA-descriptor state).
+``sched_ptr`` and ``trace_ptr`` are accepted but unused. The TMA boxes are those of the sm_90a
+kernel: 64 (head_dim chunk, 128-byte swizzle) x 128 rows for Q, K and V (V described as
+(d, seqlen_k, heads, batch)), two boxes per operand at head_dim 128. Block (224, 1, 1)
+(``.reqntid``), no cluster attribute needed.
 
-CLC protocol (``scheduler == "clc"``)
-=====================================
-
-Grid = one CTA per tile (``grid_x = num_tiles``). A CTA's first tile is ``blockIdx.x``. Every
-further tile comes from ``clusterlaunchcontrol.try_cancel``: the hardware cancels a CTA of
-this grid that has not started yet and hands its ``ctaid.x`` (= its tile index) to the asking
-CTA. A response that says "not canceled" means no unstarted CTA is left: the CTA stops.
-
-One response slot (16 bytes, 16-byte aligned, shared memory) guarded by
-``PipelineClcFetchAsync`` with one stage: a *full* mbarrier (arrival count 1, plus 16
-transaction bytes) and an *empty* mbarrier (arrival count 224 = every thread of the 7 warps
-that read the response, the scheduler warp included).
-
-1. Issue (scheduler warp only). ``producer_acquire`` waits on *empty* (so the slot is never
-   rewritten before all 224 readers released the previous response), then lane 0 does
-   ``mbarrier.arrive.expect_tx(full, 16)``; one elected lane issues ``try_cancel`` with the
-   slot and *full*. The hardware writes the 16 bytes and completes the transaction on *full*.
-2. Read (every reader warp: softmax x4, MMA, load, scheduler). ``consumer_wait`` waits for
-   the phase of *full*; only then each lane loads the 16 bytes and decodes them with
-   ``clusterlaunchcontrol.query_cancel`` (``is_canceled`` + ``get_first_ctaid.x``). Each lane
-   then executes ``fence.proxy.async.shared::cta`` (the next response is written by the async
-   proxy: the generic read must be ordered before it) and arrives on *empty*
-   (``consumer_release``). No lane touches the slot after its arrive.
-3. Every reader warp reads every response, in the same order, exactly once per tile it
-   finished: a warp that finished tile k always waits for response k before deciding whether
-   to continue. There is no shortcut for "my first tile was the last one": also when there are
-   fewer tiles than SMs, every CTA issues one query, the response (not canceled) is still
-   written with complete_tx, and all 224 threads wait for it before reading it.
-4. The scheduler issues query k+1 only after it read response k and saw "canceled" (a CTA
-   never issues try_cancel after a failed one, which the PTX ISA leaves undefined), and only
-   after all readers released response k. Before leaving, it waits once more on *empty*
-   (``producer_tail``): every arrive on the slot's barriers has landed before it exits.
-5. A canceled tile index >= num_tiles (an over-sized grid) also counts as "stop".
+Tile scheduling: ``tile_sched.ClcScheduler`` (``static``: tile += gridDim.x; ``clc``: cluster
+launch control, its protocol is described in ``fa4_aot/kernels/tile_sched.py``). Every warp
+walks the same tile sequence; warp 6 issues the CLC queries.
 
 Exit / deadlock rules (all modes):
 
@@ -91,7 +66,7 @@ Exit / deadlock rules (all modes):
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -103,10 +78,82 @@ from cutlass._mlir.dialects import nvvm as _nvvm
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.cutlass_dsl import dsl_user_op
 
-from fa4_aot.schedule import decode_tile
+from fa4_aot.abi import FWD_SM100
+
+from .common import CHAINS4, BlockInfo, OStrides, finalize_row, mask_row, online_softmax_row
+from .tile_sched import CLC, STATIC, ClcScheduler, TileSchedParams
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-CLC, STATIC = "clc", "static"
+# The launch-ABI groups (fa4_aot/abi.py FWD_SM100): NamedTuples whose fields are the kernel
+# parameters, in order.
+_GROUPS = FWD_SM100.group_types()
+Ptrs, Strides, Shape, Softmax = (_GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax"))
+
+
+class Gmem(NamedTuple):
+    """What the softmax warps write: output rows (``o_strides``) and the LSE."""
+
+    o_ptr: cute.Pointer
+    lse_ptr: cute.Pointer
+    o_strides: OStrides
+
+
+class TmaLoads(NamedTuple):
+    """TMA atom and coordinate tensor per operand."""
+
+    tma_q: cute.CopyAtom
+    tQ: cute.Tensor
+    tma_k: cute.CopyAtom
+    tK: cute.Tensor
+    tma_v: cute.CopyAtom
+    tV: cute.Tensor
+
+
+class SmemLayouts(NamedTuple):
+    """Static shared-memory layouts (Q, K and V stages) and the P operand layout."""
+
+    sQ: cute.ComposedLayout
+    sK: cute.ComposedLayout
+    sV: cute.ComposedLayout
+    tP: cute.ComposedLayout
+
+
+class Smem(NamedTuple):
+    sQ: cute.Tensor
+    sK: cute.Tensor
+    sV: cute.Tensor
+
+
+class Pipes(NamedTuple):
+    """Q/K/V: load -> MMA (TMA transactions; empty: tcgen05.commit). S: MMA -> softmax.
+    P: softmax -> MMA (empty: tcgen05.commit after PV)."""
+
+    q: pipeline.PipelineTmaUmma
+    k: pipeline.PipelineTmaUmma
+    v: pipeline.PipelineTmaUmma
+    s: pipeline.PipelineUmmaAsync
+    p: pipeline.PipelineAsyncUmma
+
+
+class _SoftmaxViews(NamedTuple):
+    """Per-thread tensor-memory copies (tcgen05.ld/st 32x32b: thread t <-> lane/row t) and
+    register fragments of one softmax thread, built once per CTA."""
+
+    ld_S: object   # S: tensor memory -> registers
+    tSt: object    # this thread's S row in tensor memory (buffer 0)
+    tSc: object    # (row, column) of each value of rS
+    rS: object     # S / P row, fp32
+    st_P: object   # P: registers -> tensor memory
+    tPt: object
+    rP: object     # P row, 16-bit values packed in 32-bit registers (rP16 aliases it)
+    rP16: object
+    ld_O: object   # O chunks: tensor memory <-> registers
+    st_O: object
+    tOt_ld: object
+    tOt_st: object
+    rO: object
+    rO16: object
+    row_local: object  # this thread's row inside the tile (== TMEM lane)
 
 
 @dsl_user_op
@@ -126,14 +173,12 @@ def _tcgen05_fence_after(*, loc: Optional[ir.Location] = None,
 
 
 class FlashFwdSm100:
-    # Tile sizes (rows of Q per tile, keys per n-block); the MMA is 128 x 128 x 16 (QK) and
-    # 128 x head_dim x 16 (PV), cta_group::1.
+    # The tensor-memory map below assumes 128 x 128 tiles; the MMA is 128 x 128 x 16 (QK) and
+    # 128 x head_dim x 16 (PV), cta_group::1. Tile shape and K/V ring depth come from
+    # fa4_aot.configs.TILES (the depth also keeps dynamic shared memory above half an SM, so
+    # one CTA per SM, needed by the 512-column TMEM allocation, see _check_one_cta_per_sm).
     TILE_M = 128
     TILE_N = 128
-    # K and V ring depth per head_dim (each stage holds one K and one V block). These also keep
-    # dynamic shared memory above half an SM, so one CTA per SM (needed by the 512-column TMEM
-    # allocation, see _check_one_cta_per_sm).
-    KV_STAGES = {64: 4, 128: 2}
 
     SOFTMAX_WARPS = (0, 1, 2, 3)
     MMA_WARP = 4
@@ -151,9 +196,10 @@ class FlashFwdSm100:
     TMEM_P = 384
     S_STAGES = 2
 
-    CLC_RESPONSE_BYTES = 16
     # Named barriers (0 is __syncthreads): tensor-memory free.
     TMEM_FREE_BAR = 1
+    # O is read from tensor memory, rescaled and stored in chunks of this many columns.
+    O_CHUNK = 32
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -163,14 +209,13 @@ class FlashFwdSm100:
         self.sched = cfg.scheduler
         if self.sched not in (CLC, STATIC):
             raise ValueError(f"sm_100a kernel supports schedulers 'clc' and 'static', got {self.sched!r}")
-        if self.hd not in self.KV_STAGES:
-            raise ValueError(f"head_dim must be one of {tuple(self.KV_STAGES)}, got {self.hd}")
-        if getattr(cfg, "variant", ""):
-            raise ValueError(f"sm_100a kernel has no variants, got {cfg.variant!r}")
         # The configuration space (fa4_aot/configs.py TILES) is the source of truth.
         self.tile_m, self.tile_n, self.kv_stages = cfg.tile.m, cfg.tile.n, cfg.tile.kv_stages
-        assert (self.tile_m, self.tile_n) == (self.TILE_M, self.TILE_N)
+        if (self.tile_m, self.tile_n) != (self.TILE_M, self.TILE_N):
+            raise ValueError(f"sm_100a kernel: the tensor-memory map needs {self.TILE_M}x"
+                             f"{self.TILE_N} tiles, configs.TILES has {self.tile_m}x{self.tile_n}")
         self.threads = self.THREADS
+        self.block_info = BlockInfo(self.tile_m, self.tile_n, self.causal)
         assert self.TMEM_O + self.hd <= self.TMEM_P
         assert self.TMEM_P + self.TILE_N // 2 <= self.TMEM_COLS
 
@@ -181,23 +226,10 @@ class FlashFwdSm100:
         mQ: cute.Tensor,  # (seqlen_q, d, heads, batch)
         mK: cute.Tensor,  # (seqlen_k, d, kv_heads, batch)
         mV: cute.Tensor,  # (seqlen_k, d, kv_heads, batch)
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        sched_ptr: cute.Pointer,
-        trace_ptr: cute.Pointer,
-        o_stride_s: Int64,
-        o_stride_h: Int64,
-        o_stride_b: Int64,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        num_heads: Int32,
-        qhead_per_kvhead: Int32,
-        num_m_blocks: Int32,
-        section: Int32,
-        num_tiles: Int32,
-        softmax_scale_log2: Float32,
-        softmax_scale: Float32,
-        grid_x: Int32,
+        ptrs: Ptrs,
+        strides: Strides,
+        shape: Shape,
+        softmax: Softmax,
         stream,
     ):
         dt = self.dtype
@@ -205,10 +237,11 @@ class FlashFwdSm100:
         qk_tiler = (self.tile_m, self.tile_n, self.hd)
         pv_tiler = (self.tile_m, self.hd, self.tile_n)
         tiled_mma_qk, tiled_mma_pv = self._make_tiled_mmas()
-        sQ_layout = sm100_utils.make_smem_layout_a(tiled_mma_qk, qk_tiler, dt, 1)
-        sK_layout = sm100_utils.make_smem_layout_b(tiled_mma_qk, qk_tiler, dt, self.kv_stages)
-        sV_layout = sm100_utils.make_smem_layout_b(tiled_mma_pv, pv_tiler, dt, self.kv_stages)
-        tP_layout = sm100_utils.make_smem_layout_a(tiled_mma_pv, pv_tiler, dt, 1)
+        layouts = SmemLayouts(
+            sm100_utils.make_smem_layout_a(tiled_mma_qk, qk_tiler, dt, 1),
+            sm100_utils.make_smem_layout_b(tiled_mma_qk, qk_tiler, dt, self.kv_stages),
+            sm100_utils.make_smem_layout_b(tiled_mma_pv, pv_tiler, dt, self.kv_stages),
+            sm100_utils.make_smem_layout_a(tiled_mma_pv, pv_tiler, dt, 1))
 
         # V seen as (d, seqlen_k, kv_heads, batch): the MN-major B operand of O += P V.
         mVt = cute.make_tensor(
@@ -221,9 +254,9 @@ class FlashFwdSm100:
         cluster_vmnk = cute.tiled_divide(
             cute.make_layout(self.CLUSTER), (tiled_mma_qk.thr_id.shape,)).shape
         g2s = cpasync.CopyBulkTensorTileG2SOp(cta_group)
-        sQ_one = cute.select(sQ_layout, mode=[0, 1, 2])
-        sK_one = cute.select(sK_layout, mode=[0, 1, 2])
-        sV_one = cute.select(sV_layout, mode=[0, 1, 2])
+        sQ_one = cute.select(layouts.sQ, mode=[0, 1, 2])
+        sK_one = cute.select(layouts.sK, mode=[0, 1, 2])
+        sV_one = cute.select(layouts.sV, mode=[0, 1, 2])
         tma_q, tQ = cute.nvgpu.make_tiled_tma_atom_A(
             g2s, mQ, sQ_one, qk_tiler, tiled_mma_qk, cluster_vmnk)
         tma_k, tK = cute.nvgpu.make_tiled_tma_atom_B(
@@ -242,25 +275,20 @@ class FlashFwdSm100:
             mbar_s: cute.struct.MemRange[cutlass.Int64, 2 * self.S_STAGES]
             mbar_p: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_clc: cute.struct.MemRange[cutlass.Int64, 2]
-            clc_response: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+            clc_response: cute.struct.Align[
+                cute.struct.MemRange[Int32, ClcScheduler.RESPONSE_BYTES // 4], 16]
             tmem_holder: Int32
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts.sQ)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts.sK)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layouts.sV)], 1024]
 
         self.shared_storage = SharedStorage
         self._check_one_cta_per_sm(SharedStorage)
 
-        self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tV,
-            o_ptr, lse_ptr, sched_ptr, trace_ptr,
-            o_stride_s, o_stride_h, o_stride_b,
-            seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
-            num_m_blocks, section, num_tiles,
-            softmax_scale_log2, softmax_scale,
-            sQ_layout, sK_layout, sV_layout, tP_layout,
-        ).launch(
-            grid=[grid_x, 1, 1],
+        # The groups flatten into the kernel parameters, fields in order (fa4_aot/abi.py).
+        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, ptrs, strides, shape, softmax,
+                    layouts).launch(
+            grid=[1, 1, 1],  # the runtime sets the grid
             block=[self.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -300,26 +328,11 @@ class FlashFwdSm100:
         tK: cute.Tensor,
         tma_v: cute.CopyAtom,
         tV: cute.Tensor,
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        sched_ptr: cute.Pointer,
-        trace_ptr: cute.Pointer,
-        o_stride_s: Int64,
-        o_stride_h: Int64,
-        o_stride_b: Int64,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        num_heads: Int32,
-        qhead_per_kvhead: Int32,
-        num_m_blocks: Int32,
-        section: Int32,
-        num_tiles: Int32,
-        softmax_scale_log2: Float32,
-        softmax_scale: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        tP_layout: cute.ComposedLayout,
+        ptrs: Ptrs,
+        strides: Strides,
+        shape: Shape,
+        softmax: Softmax,
+        layouts: SmemLayouts,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -332,37 +345,10 @@ class FlashFwdSm100:
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-
-        one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        softmax_threads = pipeline.CooperativeGroup(
-            pipeline.Agent.Thread, 32 * len(self.SOFTMAX_WARPS))
-        # Barriers are initialized by warp 0 inside create(); one fence + __syncthreads below.
-        pipe_q = pipeline.PipelineTmaUmma.create(
-            num_stages=1, producer_group=one, consumer_group=one, tx_count=self.q_bytes,
-            barrier_storage=storage.mbar_q.data_ptr(), defer_sync=True)
-        pipe_k = pipeline.PipelineTmaUmma.create(
-            num_stages=self.kv_stages, producer_group=one, consumer_group=one,
-            tx_count=self.k_bytes, barrier_storage=storage.mbar_k.data_ptr(), defer_sync=True)
-        pipe_v = pipeline.PipelineTmaUmma.create(
-            num_stages=self.kv_stages, producer_group=one, consumer_group=one,
-            tx_count=self.v_bytes, barrier_storage=storage.mbar_v.data_ptr(), defer_sync=True)
-        # S: MMA -> softmax (full: tcgen05.commit; empty: 128 softmax threads after tcgen05.ld).
-        pipe_s = pipeline.PipelineUmmaAsync.create(
-            num_stages=self.S_STAGES, producer_group=one, consumer_group=softmax_threads,
-            barrier_storage=storage.mbar_s.data_ptr(), defer_sync=True)
-        # P: softmax -> MMA (full: 128 softmax threads after tcgen05.st and the O rescale;
-        # empty: tcgen05.commit after PV, i.e. "PV done: O and P may be touched again").
-        pipe_p = pipeline.PipelineAsyncUmma.create(
-            num_stages=1, producer_group=softmax_threads, consumer_group=one,
-            barrier_storage=storage.mbar_p.data_ptr(), defer_sync=True)
-        pipe_clc = None
-        if cutlass.const_expr(self.sched == CLC):
-            pipe_clc = pipeline.PipelineClcFetchAsync.create(
-                num_stages=1, producer_group=one,
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads),
-                tx_count=self.CLC_RESPONSE_BYTES,
-                barrier_storage=storage.mbar_clc.data_ptr(), defer_sync=True)
-        clc_resp = storage.clc_response.data_ptr()
+        pipes = self._make_pipelines(storage)
+        sched = ClcScheduler.create(
+            self.sched, TileSchedParams(shape.num_m_blocks, shape.section, shape.num_tiles),
+            storage.mbar_clc.data_ptr(), storage.clc_response.data_ptr(), readers=self.threads)
 
         # Tensor memory: warp 0 allocates all 512 columns (one CTA per SM) and gives up the
         # permit at once; the address travels through shared memory across __syncthreads.
@@ -374,20 +360,17 @@ class FlashFwdSm100:
         cute.arch.sync_threads()
         _tcgen05_fence_after()
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-
-        first = Int32(cute.arch.block_idx()[0])
+        smem_t = Smem(storage.sQ.get_tensor(layouts.sQ.outer, swizzle=layouts.sQ.inner),
+                      storage.sK.get_tensor(layouts.sK.outer, swizzle=layouts.sK.inner),
+                      storage.sV.get_tensor(layouts.sV.outer, swizzle=layouts.sV.inner))
 
         if warp_idx < self.MMA_WARP:
             tmem_ptr = cute.arch.retrieve_tmem_ptr(Float32, 16, storage.tmem_holder.ptr)
             self.softmax_warps(
-                tidx, tiled_mma_qk, tiled_mma_pv, tmem_ptr, pipe_s, pipe_p, pipe_clc, clc_resp,
-                first, o_ptr, lse_ptr, o_stride_s, o_stride_h, o_stride_b,
-                seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-                softmax_scale_log2, softmax_scale,
-            )
+                tidx, tiled_mma_qk, tiled_mma_pv, tmem_ptr, pipes, sched,
+                Gmem(ptrs.o_ptr, ptrs.lse_ptr,
+                     OStrides(strides.o_stride_s, strides.o_stride_h, strides.o_stride_b)),
+                shape, softmax)
             # All softmax warps are done with tensor memory, and the MMA warp has issued its
             # last MMA (which the softmax warps saw complete): free it.
             pipeline.NamedBarrier(barrier_id=self.TMEM_FREE_BAR,
@@ -397,105 +380,78 @@ class FlashFwdSm100:
                 cute.arch.dealloc_tmem(tmem_ptr, self.TMEM_COLS, arch="sm_100")
         if warp_idx == self.MMA_WARP:
             tmem_ptr = cute.arch.retrieve_tmem_ptr(Float32, 16, storage.tmem_holder.ptr)
-            self.mma_warp(
-                tiled_mma_qk, tiled_mma_pv, tmem_ptr, sQ, sK, sV, tP_layout,
-                pipe_q, pipe_k, pipe_v, pipe_s, pipe_p, pipe_clc, clc_resp, first,
-                seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-            )
+            self.mma_warp(tiled_mma_qk, tiled_mma_pv, tmem_ptr, smem_t, layouts.tP, pipes,
+                          sched, shape)
             _tcgen05_fence_before()
             pipeline.NamedBarrier(barrier_id=self.TMEM_FREE_BAR,
                                   num_threads=32 * (len(self.SOFTMAX_WARPS) + 1)).arrive()
         if warp_idx == self.LOAD_WARP:
-            self.load_warp(
-                tma_q, tQ, tma_k, tK, tma_v, tV, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV,
-                pipe_q, pipe_k, pipe_v, pipe_clc, clc_resp, first,
-                seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, num_m_blocks, section,
-                num_tiles,
-            )
+            self.load_warp(TmaLoads(tma_q, tQ, tma_k, tK, tma_v, tV), tiled_mma_qk,
+                           tiled_mma_pv, smem_t, pipes, sched, shape)
         if warp_idx == self.SCHED_WARP:
             if cutlass.const_expr(self.sched == CLC):
-                self.clc_scheduler_warp(pipe_clc, clc_resp, first, num_tiles)
+                sched.producer_loop()
 
-    # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def n_block_max(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        hi = seqlen_k
-        if cutlass.const_expr(self.causal):
-            hi = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m + seqlen_k - seqlen_q)
-        return cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
-
-    @cute.jit
-    def next_tile(self, tile: Int32, num_tiles: Int32, pipe_clc, clc_resp, clc_state):
-        """The tile after ``tile`` (>= num_tiles: stop). Called by whole warps; every lane
-        gets the same value. In CLC mode this is step 2 of the protocol (module docstring)."""
-        nxt = num_tiles
-        if cutlass.const_expr(self.sched == STATIC):
-            nxt = tile + Int32(cute.arch.grid_dim()[0])
-        else:
-            pipe_clc.consumer_wait(clc_state)
-            cta_x, _, _, canceled = cute.arch.clc_response(clc_resp)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            pipe_clc.consumer_release(clc_state)
-            clc_state.advance()
-            if canceled != 0:
-                nxt = cta_x
-        return nxt, clc_state
-
-    def _clc_consumer_state(self):
-        if cutlass.const_expr(self.sched == CLC):
-            return pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        return None
-
-    # ------------------------------------------------------------------ scheduler warp (CLC)
-    @cute.jit
-    def clc_scheduler_warp(self, pipe_clc, clc_resp, first: Int32, num_tiles: Int32):
-        prod_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        cons_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        tile = first
-        while tile < num_tiles:
-            # Step 1: the slot is free (all readers released it); arm full and ask.
-            pipe_clc.producer_acquire(prod_state)
-            with cute.arch.elect_one():
-                cute.arch.issue_clc_query(
-                    pipe_clc.producer_get_barrier(prod_state), clc_resp, multicast=False)
-            prod_state.advance()
-            # Step 2: the scheduler warp reads the response like every other reader.
-            tile, cons_state = self.next_tile(tile, num_tiles, pipe_clc, clc_resp, cons_state)
-        # Step 4: wait until every reader released the last response before exiting.
-        pipe_clc.producer_tail(prod_state)
+    def _make_pipelines(self, storage) -> Pipes:
+        """The five pipelines; barriers are initialized by warp 0 inside create() (one fence
+        + __syncthreads follow in the kernel)."""
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        softmax_threads = pipeline.CooperativeGroup(
+            pipeline.Agent.Thread, 32 * len(self.SOFTMAX_WARPS))
+        return Pipes(
+            q=pipeline.PipelineTmaUmma.create(
+                num_stages=1, producer_group=one, consumer_group=one, tx_count=self.q_bytes,
+                barrier_storage=storage.mbar_q.data_ptr(), defer_sync=True),
+            k=pipeline.PipelineTmaUmma.create(
+                num_stages=self.kv_stages, producer_group=one, consumer_group=one,
+                tx_count=self.k_bytes, barrier_storage=storage.mbar_k.data_ptr(),
+                defer_sync=True),
+            v=pipeline.PipelineTmaUmma.create(
+                num_stages=self.kv_stages, producer_group=one, consumer_group=one,
+                tx_count=self.v_bytes, barrier_storage=storage.mbar_v.data_ptr(),
+                defer_sync=True),
+            # S: MMA -> softmax (full: tcgen05.commit; empty: 128 softmax threads after
+            # tcgen05.ld).
+            s=pipeline.PipelineUmmaAsync.create(
+                num_stages=self.S_STAGES, producer_group=one, consumer_group=softmax_threads,
+                barrier_storage=storage.mbar_s.data_ptr(), defer_sync=True),
+            # P: softmax -> MMA (full: 128 softmax threads after tcgen05.st and the O rescale;
+            # empty: tcgen05.commit after PV, i.e. "PV done: O and P may be touched again").
+            p=pipeline.PipelineAsyncUmma.create(
+                num_stages=1, producer_group=softmax_threads, consumer_group=one,
+                barrier_storage=storage.mbar_p.data_ptr(), defer_sync=True),
+        )
 
     # ------------------------------------------------------------------ load warp
     @cute.jit
-    def load_warp(
-        self, tma_q, tQ, tma_k, tK, tma_v, tV, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV,
-        pipe_q, pipe_k, pipe_v, pipe_clc, clc_resp, first,
-        seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, num_m_blocks, section, num_tiles,
-    ):
+    def load_warp(self, loads: TmaLoads, tiled_mma_qk, tiled_mma_pv, smem: Smem, pipes: Pipes,
+                  sched: ClcScheduler, shape: Shape):
         thr_qk = tiled_mma_qk.get_slice(0)
         thr_pv = tiled_mma_pv.get_slice(0)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-        clc_state = self._clc_consumer_state()
+        pipe_q, pipe_k, pipe_v = pipes.q, pipes.k, pipes.v
+        tma_q, tQ, tma_k, tK, tma_v, tV = loads
 
-        tile = first
-        while tile < num_tiles:
-            m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-            kv_head = head // qhead_per_kvhead
-            n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
+        tile, sched_state = sched.first(), sched.init_state()
+        while tile < sched.num_tiles:
+            m_block, head, batch = sched.params.decode(tile, shape.num_heads)
+            kv_head = head // shape.qhead_per_kvhead
+            _, n_max = self.block_info.n_block_range(m_block, shape.seqlen_q, shape.seqlen_k)
             if n_max > 0:
                 # (TILE_M, hd, RestM, 1) -> MMA partition -> TMA partition ((atom, rest), RestM, 1)
                 gQ = cute.flat_divide(tQ[None, None, head, batch], (self.tile_m, self.hd))
                 tQs, tQg = cpasync.tma_partition(
                     tma_q, 0, cute.make_layout(1),
-                    cute.group_modes(sQ, 0, 3), cute.group_modes(thr_qk.partition_A(gQ), 0, 3))
+                    cute.group_modes(smem.sQ, 0, 3), cute.group_modes(thr_qk.partition_A(gQ), 0, 3))
                 gK = cute.flat_divide(tK[None, None, kv_head, batch], (self.tile_n, self.hd))
                 tKs, tKg = cpasync.tma_partition(
                     tma_k, 0, cute.make_layout(1),
-                    cute.group_modes(sK, 0, 3), cute.group_modes(thr_qk.partition_B(gK), 0, 3))
+                    cute.group_modes(smem.sK, 0, 3), cute.group_modes(thr_qk.partition_B(gK), 0, 3))
                 gV = cute.flat_divide(tV[None, None, kv_head, batch], (self.hd, self.tile_n))
                 tVs, tVg = cpasync.tma_partition(
                     tma_v, 0, cute.make_layout(1),
-                    cute.group_modes(sV, 0, 3), cute.group_modes(thr_pv.partition_B(gV), 0, 3))
+                    cute.group_modes(smem.sV, 0, 3), cute.group_modes(thr_pv.partition_B(gV), 0, 3))
 
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_q, tQg[None, m_block, 0], tQs[None, 0],
@@ -510,7 +466,7 @@ class FlashFwdSm100:
                     cute.copy(tma_v, tVg[None, 0, n_block], tVs[None, kv_state.index],
                               tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                     kv_state.advance()
-            tile, clc_state = self.next_tile(tile, num_tiles, pipe_clc, clc_resp, clc_state)
+            tile, sched_state = sched.next(tile, sched_state)
         # Wait for the MMA warp's last tcgen05.commit arrivals on the empty barriers.
         pipe_q.producer_tail(q_state)
         pipe_k.producer_tail(kv_state.clone())
@@ -518,16 +474,13 @@ class FlashFwdSm100:
 
     # ------------------------------------------------------------------ MMA warp
     @cute.jit
-    def mma_warp(
-        self, tiled_mma_qk, tiled_mma_pv, tmem_ptr, sQ, sK, sV, tP_layout,
-        pipe_q, pipe_k, pipe_v, pipe_s, pipe_p, pipe_clc, clc_resp, first,
-        seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-    ):
+    def mma_warp(self, tiled_mma_qk, tiled_mma_pv, tmem_ptr, smem: Smem, tP_layout,
+                 pipes: Pipes, sched: ClcScheduler, shape: Shape):
         thr_qk = tiled_mma_qk.get_slice(0)
         thr_pv = tiled_mma_pv.get_slice(0)
-        tSrQ = thr_qk.make_fragment_A(sQ)  # (MMA, MMA_M, MMA_K, 1)
-        tSrK = thr_qk.make_fragment_B(sK)  # (MMA, MMA_N, MMA_K, STAGES)
-        tOrV = thr_pv.make_fragment_B(sV)  # (MMA, MMA_N, MMA_K, STAGES)
+        tSrQ = thr_qk.make_fragment_A(smem.sQ)  # (MMA, MMA_M, MMA_K, 1)
+        tSrK = thr_qk.make_fragment_B(smem.sK)  # (MMA, MMA_N, MMA_K, STAGES)
+        tOrV = thr_pv.make_fragment_B(smem.sV)  # (MMA, MMA_N, MMA_K, STAGES)
         acc_S_layout = thr_qk.make_fragment_C(
             thr_qk.partition_shape_C((self.tile_m, self.tile_n))).layout
         acc_O_layout = thr_pv.make_fragment_C(
@@ -546,12 +499,12 @@ class FlashFwdSm100:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         s_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.S_STAGES)
         p_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        clc_state = self._clc_consumer_state()
+        pipe_q, pipe_k, pipe_v, pipe_s, pipe_p = pipes
 
-        tile = first
-        while tile < num_tiles:
-            m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-            n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
+        tile, sched_state = sched.first(), sched.init_state()
+        while tile < sched.num_tiles:
+            m_block, head, batch = sched.params.decode(tile, shape.num_heads)
+            _, n_max = self.block_info.n_block_range(m_block, shape.seqlen_q, shape.seqlen_k)
             if n_max > 0:
                 pipe_q.consumer_wait(q_state)
                 # S(0)
@@ -574,7 +527,7 @@ class FlashFwdSm100:
                         tiled_mma_pv, tOtO, tOrP, tOrV, n_k_pv, i > 0,
                         pipe_v, pipe_p, v_state, p_state)
                 q_state.advance()
-            tile, clc_state = self.next_tile(tile, num_tiles, pipe_clc, clc_resp, clc_state)
+            tile, sched_state = sched.next(tile, sched_state)
 
     @cute.jit
     def _issue_qk(self, tiled_mma_qk, tmem_ptr, acc_S_layout, tSrQ, tSrK, n_k_qk,
@@ -616,12 +569,54 @@ class FlashFwdSm100:
 
     # ------------------------------------------------------------------ softmax warps
     @cute.jit
-    def softmax_warps(
-        self, tidx, tiled_mma_qk, tiled_mma_pv, tmem_ptr, pipe_s, pipe_p, pipe_clc, clc_resp,
-        first, o_ptr, lse_ptr, o_stride_s, o_stride_h, o_stride_b,
-        seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-        softmax_scale_log2, softmax_scale,
-    ):
+    def softmax_warps(self, tidx, tiled_mma_qk, tiled_mma_pv, tmem_ptr, pipes: Pipes,
+                      sched: ClcScheduler, gmem: Gmem, shape: Shape, softmax: Softmax):
+        """Per tile: for each key block, S row -> registers, mask, online softmax, O rescale,
+        P -> tensor memory; then the epilogue (O, LSE to global memory)."""
+        v = self._softmax_views(tidx, tiled_mma_qk, tiled_mma_pv, tmem_ptr)
+        s_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.S_STAGES)
+        p_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_s, pipe_p = pipes.s, pipes.p
+
+        tile, sched_state = sched.first(), sched.init_state()
+        while tile < sched.num_tiles:
+            m_block, head, batch = sched.params.decode(tile, shape.num_heads)
+            _, n_max = self.block_info.n_block_range(m_block, shape.seqlen_q, shape.seqlen_k)
+            row0 = m_block * self.tile_m
+            row = row0 + v.row_local
+            # Columns >= limit are masked for this thread's row.
+            _, limit = self.block_info.col_limits(row, 0, shape.seqlen_q, shape.seqlen_k)
+            row_max = Float32(-Float32.inf)
+            row_sum = Float32(0.0)
+            for i in cutlass.range(n_max, unroll=1):
+                col0 = (n_max - 1 - i) * self.tile_n
+                s_state = self._load_s(v, pipe_s, s_state)
+                # Mask only the blocks that reach the sequence end or the diagonal.
+                if self.block_info.block_needs_mask(col0, row0, shape.seqlen_q, shape.seqlen_k):
+                    mask_row(v.rS, cute.size(v.rS), lambda e: v.tSc[e][1], limit - col0,
+                             branch_free=True)
+                row_max, row_sum, rescale = online_softmax_row(
+                    v.rS, cute.size(v.rS), row_max, row_sum, softmax.softmax_scale_log2, CHAINS4)
+                v.rP16.store(v.rS.load().to(self.dtype))
+                p_state = self._store_p(v, pipe_p, p_state, rescale, i > 0)
+
+            inv, lse = finalize_row(row_max, row_sum, softmax.softmax_scale)
+            # The runtime guarantees 16-byte aligned output strides (multiples of 8 elements).
+            # (Attached here, not before the loop: a value the loop carries loses it.)
+            o_row = gmem.o_ptr + gmem.o_strides.assume_aligned().offset(head, batch, row)
+            self._store_o(v, pipe_p, p_state, n_max > 0, inv, o_row, row < shape.seqlen_q)
+            if row < shape.seqlen_q:
+                lse_t = cute.make_tensor(
+                    gmem.lse_ptr + ((batch * shape.num_heads + head) * shape.seqlen_q + row),
+                    cute.make_layout(1))
+                lse_t[0] = lse
+            _tcgen05_fence_before()
+
+            tile, sched_state = sched.next(tile, sched_state)
+
+    def _softmax_views(self, tidx, tiled_mma_qk, tiled_mma_pv, tmem_ptr) -> _SoftmaxViews:
+        """Tensor-memory copies (tcgen05.ld/st 32x32b: thread t <-> lane/row t) and the
+        register fragments of one softmax thread."""
         dt = self.dtype
         thr_qk = tiled_mma_qk.get_slice(0)
         thr_pv = tiled_mma_pv.get_slice(0)
@@ -654,8 +649,8 @@ class FlashFwdSm100:
         rP = cute.make_rmem_tensor(thr_st_P.partition_S(cP).shape, Float32)
         rP16 = cute.make_tensor(cute.recast_ptr(rP.iterator, dtype=dt), rS.layout)
 
-        # O row chunks of 32 columns, for the rescale and the epilogue.
-        oc = 32
+        # O row chunks of O_CHUNK columns, for the rescale and the epilogue.
+        oc = self.O_CHUNK
         tOtO = cute.make_tensor(
             tmem_ptr + self.TMEM_O, cute.composition(acc_O_layout, cute.make_layout((128, oc))))
         cO_full = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hd)))
@@ -674,136 +669,77 @@ class FlashFwdSm100:
         tOc = thr_ld_O.partition_D(cO)
         rO = cute.make_rmem_tensor(tOc.shape, Float32)
         rO16 = cute.make_rmem_tensor(tOc.shape, dt)
-        n_chunks = self.hd // oc
 
-        row_local = tSc[0][0]  # this thread's row inside the tile (== TMEM lane)
         # Register e of an O chunk holds column e of the chunk (the 16-byte stores rely on it).
-        for e in cutlass.range_constexpr(cute.size(tOc)):
+        for e in range(cute.size(tOc)):
             assert tOc[e][1] == e, "unexpected tcgen05.ld 32x32b register order"
-        # The runtime guarantees 16-byte aligned output strides (multiples of 8 elements).
-        o_stride_s = cute.assume(o_stride_s, divby=8)
-        o_stride_h = cute.assume(o_stride_h, divby=8)
-        o_stride_b = cute.assume(o_stride_b, divby=8)
+        return _SoftmaxViews(ld_S, tSt, tSc, rS, st_P, tPt, rP, rP16, ld_O, st_O, tOt_ld, tOt_st,
+                             rO, rO16, tSc[0][0])
 
-        s_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.S_STAGES)
-        p_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        clc_state = self._clc_consumer_state()
-        causal_shift = seqlen_k - seqlen_q
+    @cute.jit
+    def _load_s(self, v: _SoftmaxViews, pipe_s, s_state):
+        """S(i): tensor memory -> v.rS, then hand the S buffer back to the MMA warp."""
+        pipe_s.consumer_wait(s_state)
+        _tcgen05_fence_after()
+        tSt_i = cute.make_tensor(v.tSt.iterator + s_state.index * self.TMEM_S_STRIDE,
+                                 v.tSt.layout)
+        cute.copy(v.ld_S, tSt_i, v.rS)
+        cute.arch.fence_view_async_tmem_load()
+        _tcgen05_fence_before()
+        pipe_s.consumer_release(s_state)
+        s_state.advance()
+        return s_state
 
-        tile = first
-        while tile < num_tiles:
-            m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-            n_max = self.n_block_max(m_block, seqlen_q, seqlen_k)
-            row0 = m_block * self.tile_m
-            row = row0 + row_local
-            # Columns >= limit are masked for this thread's row.
-            limit = seqlen_k
-            if cutlass.const_expr(self.causal):
-                limit = cutlass.min(seqlen_k, row + causal_shift + 1)
-            row_max = Float32(-Float32.inf)
-            row_sum = Float32(0.0)
-            for i in cutlass.range(n_max, unroll=1):
-                n_block = n_max - 1 - i
-                col0 = n_block * self.tile_n
-                # ---- S(i): tensor memory -> registers, then hand the S buffer back.
-                pipe_s.consumer_wait(s_state)
-                _tcgen05_fence_after()
-                tSt_i = cute.make_tensor(tSt.iterator + s_state.index * self.TMEM_S_STRIDE,
-                                         tSt.layout)
-                cute.copy(ld_S, tSt_i, rS)
-                cute.arch.fence_view_async_tmem_load()
-                _tcgen05_fence_before()
-                pipe_s.consumer_release(s_state)
-                s_state.advance()
-
-                # ---- mask (only blocks that reach the sequence end or the diagonal)
-                need_mask = col0 + self.tile_n > seqlen_k
-                if cutlass.const_expr(self.causal):
-                    need_mask = need_mask or (col0 + self.tile_n > row0 + causal_shift + 1)
-                if need_mask:
-                    # Branch-free: a staged `if` per element would carry the whole register
-                    # row through every branch (thousands of SELs, spills).
-                    col_lim = limit - col0
-                    for e in cutlass.range_constexpr(cute.size(rS)):
-                        rS[e] = Float32(cutlass.select_(
-                            tSc[e][1] >= col_lim, Float32(-Float32.inf), rS[e]))
-
-                # ---- online softmax (log2 domain), one row per thread
-                # Four independent max / sum chains (short dependency chains, same result
-                # for every scheduler: the order is fixed at compile time).
-                mx = [rS[0], rS[1], rS[2], rS[3]]
-                for e in cutlass.range_constexpr(4, cute.size(rS)):
-                    mx[e % 4] = cute.arch.fmax(mx[e % 4], rS[e])
-                m_blk = cute.arch.fmax(cute.arch.fmax(mx[0], mx[1]), cute.arch.fmax(mx[2], mx[3]))
-                m_new = cute.arch.fmax(row_max, m_blk)
-                m_safe = m_new
-                if m_new == -Float32.inf:
-                    m_safe = Float32(0.0)
-                shift = m_safe * softmax_scale_log2
-                rescale = cute.math.exp2(row_max * softmax_scale_log2 - shift, fastmath=True)
-                sm = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
-                for e in cutlass.range_constexpr(cute.size(rS)):
-                    p = cute.math.exp2(rS[e] * softmax_scale_log2 - shift, fastmath=True)
-                    rS[e] = p
-                    sm[e % 4] = sm[e % 4] + p
-                row_sum = row_sum * rescale + ((sm[0] + sm[1]) + (sm[2] + sm[3]))
-                row_max = m_new
-                rP16.store(rS.load().to(dt))
-
-                # ---- wait for PV(i-1): then O may be rescaled and P overwritten.
-                pipe_p.producer_acquire(p_state)
-                _tcgen05_fence_after()
-                if i > 0:
-                    # tcgen05.ld/st are warp-collective: skip only if the whole warp may.
-                    if cute.arch.vote_any_sync(rescale != Float32(1.0)):
-                        for j in cutlass.range_constexpr(n_chunks):
-                            cute.copy(ld_O, cute.make_tensor(tOt_ld.iterator + j * oc, tOt_ld.layout),
-                                      rO)
-                            cute.arch.fence_view_async_tmem_load()
-                            rO.store(rO.load() * rescale)
-                            cute.copy(st_O, rO,
-                                      cute.make_tensor(tOt_st.iterator + j * oc, tOt_st.layout))
-                cute.copy(st_P, rP, tPt)
-                cute.arch.fence_view_async_tmem_store()
-                _tcgen05_fence_before()
-                pipe_p.producer_commit(p_state)
-                p_state.advance()
-
-            # ---- epilogue
-            lse = -Float32.inf
-            inv = Float32(0.0)
-            if row_sum > Float32(0.0):
-                inv = cute.arch.rcp_approx(row_sum)
-                lse = row_max * softmax_scale + cute.math.log(row_sum, fastmath=True)
-            # This thread's output row. The runtime guarantees 16-byte aligned output strides
-            # and data pointer: 32 columns = four 16-byte stores per chunk.
-            o_off = (Int64(head) * o_stride_h + Int64(batch) * o_stride_b
-                     + Int64(row) * o_stride_s)
-            gO_row = cute.make_tensor(o_ptr + o_off, cute.make_layout(self.hd))
-            rO16_flat = cute.make_tensor(rO16.iterator, cute.make_layout(oc))
-            if n_max > 0:
-                # PV(last) done (P empty); do not advance: the next tile's first acquire of
-                # the same phase returns at once.
-                pipe_p.producer_acquire(p_state)
-                _tcgen05_fence_after()
-                for j in cutlass.range_constexpr(n_chunks):
-                    cute.copy(ld_O, cute.make_tensor(tOt_ld.iterator + j * oc, tOt_ld.layout), rO)
+    @cute.jit
+    def _store_p(self, v: _SoftmaxViews, pipe_p, p_state, rescale, rescale_o):
+        """Wait for PV(i-1) (then O may be rescaled and P overwritten), rescale O when
+        ``rescale_o`` and some row of the warp changed its max, write P (v.rP) to tensor
+        memory and hand it to the MMA warp."""
+        pipe_p.producer_acquire(p_state)
+        _tcgen05_fence_after()
+        if rescale_o:
+            # tcgen05.ld/st are warp-collective: skip only if the whole warp may.
+            if cute.arch.vote_any_sync(rescale != Float32(1.0)):
+                for j in cutlass.range_constexpr(self.hd // self.O_CHUNK):
+                    cute.copy(v.ld_O, self._o_chunk(v.tOt_ld, j), v.rO)
                     cute.arch.fence_view_async_tmem_load()
-                    rO16.store((rO.load() * inv).to(dt))
-                    if row < seqlen_q:
-                        cute.autovec_copy(
-                            rO16_flat, cute.make_tensor(gO_row.iterator + j * oc, cute.make_layout(oc)))
-            else:
-                # No key block: O = 0, LSE = -inf, no pipeline involved.
-                rO16.fill(0.0)
-                if row < seqlen_q:
-                    for j in cutlass.range_constexpr(n_chunks):
-                        cute.autovec_copy(
-                            rO16_flat, cute.make_tensor(gO_row.iterator + j * oc, cute.make_layout(oc)))
-            if row < seqlen_q:
-                lse_t = cute.make_tensor(
-                    lse_ptr + ((batch * num_heads + head) * seqlen_q + row), cute.make_layout(1))
-                lse_t[0] = lse
-            _tcgen05_fence_before()
+                    v.rO.store(v.rO.load() * rescale)
+                    cute.copy(v.st_O, v.rO, self._o_chunk(v.tOt_st, j))
+        cute.copy(v.st_P, v.rP, v.tPt)
+        cute.arch.fence_view_async_tmem_store()
+        _tcgen05_fence_before()
+        pipe_p.producer_commit(p_state)
+        p_state.advance()
+        return p_state
 
-            tile, clc_state = self.next_tile(tile, num_tiles, pipe_clc, clc_resp, clc_state)
+    @cute.jit
+    def _store_o(self, v: _SoftmaxViews, pipe_p, p_state, has_keys, inv, o_row, row_valid):
+        """This thread's output row: O * inv from tensor memory (after the last PV), or zeros
+        for a tile with no key block. The runtime guarantees 16-byte aligned output strides
+        and data pointer: ``O_CHUNK`` columns = four 16-byte stores per chunk."""
+        oc = self.O_CHUNK
+        gO_row = cute.make_tensor(o_row, cute.make_layout(self.hd))
+        rO16_flat = cute.make_tensor(v.rO16.iterator, cute.make_layout(oc))
+        if has_keys:
+            # PV(last) done (P empty); do not advance: the next tile's first acquire of
+            # the same phase returns at once.
+            pipe_p.producer_acquire(p_state)
+            _tcgen05_fence_after()
+            for j in cutlass.range_constexpr(self.hd // self.O_CHUNK):
+                cute.copy(v.ld_O, self._o_chunk(v.tOt_ld, j), v.rO)
+                cute.arch.fence_view_async_tmem_load()
+                v.rO16.store((v.rO.load() * inv).to(self.dtype))
+                if row_valid:
+                    cute.autovec_copy(
+                        rO16_flat, cute.make_tensor(gO_row.iterator + j * oc, cute.make_layout(oc)))
+        else:
+            # No key block: O = 0, LSE = -inf, no pipeline involved.
+            v.rO16.fill(0.0)
+            if row_valid:
+                for j in cutlass.range_constexpr(self.hd // self.O_CHUNK):
+                    cute.autovec_copy(
+                        rO16_flat, cute.make_tensor(gO_row.iterator + j * oc, cute.make_layout(oc)))
+
+    def _o_chunk(self, t, j: int):
+        """Columns [j * O_CHUNK, (j + 1) * O_CHUNK) of a tensor-memory O partition."""
+        return cute.make_tensor(t.iterator + j * self.O_CHUNK, t.layout)
