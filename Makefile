@@ -1,7 +1,8 @@
 # fa4_aot — ahead-of-time FlashAttention forward.
 #   make build PTXAS=13.1   build cubins + manifest for every configuration, then the spill report
 #   make build PTXAS=best   per kernel, ship the best of every supported ptxas (no spill bytes, then
-#                           fewest LDL+STL, then fewest registers, then newest); restrict the
+#                           no ptxas performance warning, then fewest LDL+STL, then fewest
+#                           registers, then newest); restrict the
 #                           candidates with BEST_CANDIDATES=13.0,13.1; BUILD_OUT=/tmp/dir builds
 #                           there instead of artifacts/ (the shipped set is pinned to 13.1)
 #                           PTXAS=12.8 needs ALLOW_ISA_REWRITE=1 (lowers the PTX .version header;

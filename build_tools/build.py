@@ -20,9 +20,10 @@ or ``$FA4_AOT_BEST_CANDIDATES``) and ships, per kernel, the cubin of the candida
 first by (``spill_report.pick_best``):
 
   1. no spill bytes (ptxas -v spill stores + loads == 0) before any spill bytes;
-  2. then the fewest LDL + STL instructions in the SASS (role spills under setmaxnreg);
-  3. then the fewest registers;
-  4. then the newest ptxas.
+  2. then no ptxas performance warning ("Potential Performance Loss", C7512 & co.) before any;
+  3. then the fewest LDL + STL instructions in the SASS (role spills under setmaxnreg);
+  4. then the fewest registers;
+  5. then the newest ptxas.
 
 The kernel's manifest record then carries ``ptxas_choice = {"mode": "best", "chosen": release,
 "candidates": {release: {ptxas_version, registers, spill_store_bytes, spill_load_bytes, ldl,
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import dataclasses
 import hashlib
 import json
 import os
@@ -63,7 +63,7 @@ CANDIDATE_FIELDS = ("registers", "spill_store_bytes", "spill_load_bytes", "ldl",
 CUTLASS_DSL_PIN = "4.8.1"
 # Everything a kernel's binary depends on, besides the toolchain versions.
 SOURCE_FILES = sorted(
-    [*ROOT.glob("fa4_aot/kernels/*.py"), ROOT / "fa4_aot/schedule.py",
+    [*ROOT.glob("fa4_aot/kernels/**/*.py"), ROOT / "fa4_aot/schedule.py",
      ROOT / "fa4_aot/configs.py", ROOT / "fa4_aot/abi.py", ROOT / "build_tools/dsl_compile.py"])
 
 
@@ -341,8 +341,8 @@ def ptxas_argument_error(value: str | None, allow_isa_rewrite: bool = False) -> 
 
 
 def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
-          allow_isa_rewrite: bool, variants: list[str] = (),
-          candidates: str | None = None, report: bool = False, verdict: bool = True) -> int:
+          allow_isa_rewrite: bool, candidates: str | None = None, report: bool = False,
+          verdict: bool = True) -> int:
     """``ptxas`` is a release or ``"best"``; ``candidates`` ("13.0,13.1") restricts ``best``.
     ``report``: run the spill report on the written manifest; ``verdict``: end with the one-line
     verdict (build_verdict), printed last."""
@@ -373,8 +373,6 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
               "instruction; the manifest records the rewrite.", file=sys.stderr)
 
     space = list(CONFIG_SPACE)
-    for v in variants:  # experiment builds: the same configurations with a kernel variant
-        space += [dataclasses.replace(c, variant=v) for c in CONFIG_SPACE if not c.trace]
     configs = [c for c in space if not only or re.search(only, c.name)]
     if not configs:
         print(f"error: --only {only!r} matches no configuration", file=sys.stderr)
@@ -567,8 +565,9 @@ def main(argv=None) -> int:
                          f"{tcm.DEFAULT_PTXAS}; with --check-reproducible the committed "
                          f"manifest's), or '{BEST}': assemble every kernel with each "
                          "candidate release and ship, per kernel, the one with no spill bytes, "
-                         "then the fewest LDL+STL, then the fewest registers, then the newest "
-                         "ptxas (the manifest records every candidate and the reason)")
+                         "then no ptxas performance warning, then the fewest LDL+STL, then the "
+                         "fewest registers, then the newest ptxas (the manifest records every "
+                         "candidate and the reason)")
     ap.add_argument("--best-candidates", metavar="X.Y,X.Y",
                     help=f"with --ptxas {BEST}: the releases to try (default "
                          f"${BEST_CANDIDATES_ENV}, else all of "
@@ -584,9 +583,6 @@ def main(argv=None) -> int:
                          "sha256 with artifacts/manifest.json (exit 1 on a difference)")
     ap.add_argument("--report", action="store_true",
                     help="run the spill report on the written manifest before the verdict line")
-    ap.add_argument("--variants", default="",
-                    help="comma-separated experimental kernel variants to build too (use with "
-                         "--out elsewhere; see FlashFwdSm90 for the tokens)")
     a = ap.parse_args(argv)
     if a.ptxas is not None or not a.check_reproducible:
         if a.ptxas is None:
@@ -604,9 +600,8 @@ def main(argv=None) -> int:
         else os.environ.get(BEST_CANDIDATES_ENV)
     if a.check_reproducible:
         return check_reproducible(a.ptxas, a.jobs, a.only, candidates)
-    variants = [v for v in a.variants.split(",") if v]
-    return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite, variants,
-                 candidates, report=a.report)
+    return build(a.ptxas, a.out, a.only, a.jobs, a.force, a.allow_isa_rewrite, candidates,
+                 report=a.report)
 
 
 if __name__ == "__main__":

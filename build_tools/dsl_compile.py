@@ -16,11 +16,11 @@ from pathlib import Path
 ENTRY_PREFIX = "fa4aot_"
 
 
-def entry_name(cfg, neutral: bool = True) -> str:
-    """PTX entry symbol. ``neutral=False`` keeps the DSL's ``cutlass`` component (only for the
-    ptxas register-allocation experiment of spill_report; see docs/perf-notes.md)."""
+def entry_name(cfg) -> str:
+    """PTX entry symbol: neutral, without the DSL's ``cutlass`` component (a name containing
+    "cutlass" changes ptxas's register allocation; docs/perf-notes.md)."""
     # The DSL appends a per-process kernel counter ("_0"): one configuration per process.
-    return f"{ENTRY_PREFIX}{cfg.name}" + ("_0" if neutral else "_cutlass_0")
+    return f"{ENTRY_PREFIX}{cfg.name}_0"
 
 
 def _dynamic_smem_from_host_ir(ir_text: str) -> int:
@@ -38,19 +38,19 @@ def _dynamic_smem_from_host_ir(ir_text: str) -> int:
     return int(const.group(1))
 
 
-def compile_to_ptx(cfg_dict: dict, out_ptx: str, neutral_name: bool = True) -> dict:
+def compile_to_ptx(cfg_dict: dict, out_ptx: str) -> dict:
     """Compile one configuration; write its PTX to ``out_ptx``. Returns entry and smem.
 
     Call once per process: the DSL reads its environment when cutlass is first imported."""
     dump = tempfile.mkdtemp(prefix="fa4aot_dsl_")
     os.environ.update(CUTE_DSL_ARCH=cfg_dict["arch"], CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=dump)
     try:
-        return _compile(cfg_dict, out_ptx, neutral_name)
+        return _compile(cfg_dict, out_ptx)
     finally:
         shutil.rmtree(dump, ignore_errors=True)
 
 
-def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
+def _compile(cfg_dict: dict, out_ptx: str) -> dict:
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
@@ -95,9 +95,9 @@ def _compile(cfg_dict: dict, out_ptx: str, neutral_name: bool) -> dict:
         Int32(1),
         make_fake_stream(),
     )
-    entry = entry_name(cfg, neutral_name)
+    entry = entry_name(cfg)
     Kernel.kernel.set_name_prefix(
-        f"{ENTRY_PREFIX}{cfg.name}", remove_cutlass_symbol=neutral_name, keep_mangled_name=False)
+        f"{ENTRY_PREFIX}{cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
     compiled = cute.compile(Kernel(cfg), *args)
     ptx = compiled.artifacts.PTX
     if ptx and ".entry" not in ptx and Path(ptx).is_file():

@@ -11,7 +11,6 @@ A configuration's :attr:`KernelConfig.name` is stable: it names the kernel's fil
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -55,14 +54,8 @@ TILES = {
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 
-# Experiment-only kernel switches that are not part of the tile (read by the kernels).
-# xnopin: the P conversion as a plain .to() (before v7); xnoskip: varlen tiles with no rows are
-# handed to the consumers instead of skipped by the producer (before v8).
-VARIANT_FLAGS = ("xnopin", "xnoskip")
-
 # Derived from the tables above (the source of truth).
 HEAD_DIMS = tuple(sorted({hd for tiles in TILES.values() for hd in tiles}))
-SCHEDULERS = tuple(dict.fromkeys(s for scheds in SCHEDULERS_BY_ARCH.values() for s in scheds))
 
 
 @dataclass(frozen=True)
@@ -77,9 +70,6 @@ class KernelConfig:
     local: bool = False
     # Tanh soft-capping of the scores (softcap * tanh(s / softcap)); the cap is a launch value.
     softcap: bool = False
-    # Experimental kernel variant (tokens joined by "-", e.g. "noovl-nopp"); "" = the shipped
-    # kernel. Variants are built on demand for measurements (build.py --variants), never shipped.
-    variant: str = ""
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -100,22 +90,8 @@ class KernelConfig:
 
     @property
     def tile(self) -> Tile:
-        """The tile of (arch, head_dim), with an experiment variant's overrides applied:
-        ``ovl``/``noovl`` and ``pp``/``nopp`` switch the overlap / ping-pong schedule,
-        ``sN`` sets N K/V stages, ``nN`` an n tile of N keys."""
-        t = TILES[self.arch][self.head_dim]
-        for tok in filter(None, self.variant.split("-")):
-            if tok in ("ovl", "noovl"):
-                t = dataclasses.replace(t, overlap=tok == "ovl")
-            elif tok in ("pp", "nopp"):
-                t = dataclasses.replace(t, pingpong=tok == "pp")
-            elif re.fullmatch(r"s[1-9]", tok):
-                t = dataclasses.replace(t, kv_stages=int(tok[1:]))
-            elif re.fullmatch(r"n(16|32|48|64|80|96|112|128|144|160|176|192)", tok):
-                t = dataclasses.replace(t, n=int(tok[1:]))
-            elif tok not in VARIANT_FLAGS:
-                raise ValueError(f"unknown kernel variant token {tok!r}")
-        return t
+        """The tile of (arch, head_dim)."""
+        return TILES[self.arch][self.head_dim]
 
     @property
     def threads(self) -> int:
@@ -131,13 +107,13 @@ class KernelConfig:
         )
         name += "_softcap" if self.softcap else ""
         name += "_trace" if self.trace else ""
-        return name + ("_v_" + self.variant.replace("-", "_") if self.variant else "")
+        return name
 
     @property
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
-                self.trace, self.variant, self.softcap)
+                self.trace, self.softcap)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -169,7 +145,3 @@ def _space() -> Iterable[KernelConfig]:
 
 
 CONFIG_SPACE: tuple[KernelConfig, ...] = tuple(_space())
-
-
-def by_name() -> dict[str, KernelConfig]:
-    return {c.name: c for c in CONFIG_SPACE}

@@ -53,17 +53,23 @@ class Manifest:
         self._lock = threading.Lock()
 
     def find(self, arch: str, dtype: str, head_dim: int, causal: bool, scheduler: str,
-             trace: bool = False, variant: str = "", local: bool = False,
-             softcap: bool = False) -> tuple[str, dict]:
-        name = self._by_key.get((arch, dtype, head_dim, causal, local, scheduler, trace, variant,
-                                 softcap))
+             trace: bool = False, local: bool = False, softcap: bool = False,
+             **config) -> tuple[str, dict]:
+        """The kernel of a configuration: (name, manifest record). ``config``: further
+        :class:`KernelConfig` fields (left out: their defaults)."""
+        try:
+            key = KernelConfig(arch, dtype, head_dim, causal, scheduler, trace=trace,
+                               local=local, softcap=softcap, **config).key
+        except ValueError:  # not a configuration at all: report what was built
+            key = None
+        name = self._by_key.get(key)
         if name is None:
             avail = sorted({(c["arch"], c["dtype"], c["head_dim"])
                             for c in (r["config"] for r in self.kernels.values())})
             raise ValueError(
                 f"no fa4_aot kernel for arch={arch}, dtype={dtype}, head_dim={head_dim}, "
-                f"causal={causal}, local={local}, scheduler={scheduler}, softcap={softcap}; "
-                "built (arch, dtype, "
+                f"causal={causal}, local={local}, scheduler={scheduler}, softcap={softcap}"
+                + "".join(f", {k}={v}" for k, v in config.items()) + "; built (arch, dtype, "
                 "head_dim): "
                 + ", ".join(f"({a}, {d}, {h})" for a, d, h in avail))
         return name, self.kernels[name]

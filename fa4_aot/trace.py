@@ -9,7 +9,7 @@ scheduler); the fast path never records anything.
 from __future__ import annotations
 
 from .interface import attention, select_kernel
-from .schedule import choose_section, decode_tile
+from .schedule import choose_section
 
 
 def capture(q, k, v, scheduler: str = "steal", causal: bool = True):
@@ -29,8 +29,3 @@ def capture(q, k, v, scheduler: str = "steal", causal: bool = True):
             "section": choose_section(h, b, k.shape[1], d, q.element_size(), h // k.shape[2])}
     return out, buf.cpu(), meta
 
-
-def tiles_of(meta: dict):
-    """(m_block, head, batch) per tile index, with the same decode the kernel used."""
-    return [decode_tile(i, meta["num_m_blocks"], meta["heads"], meta["section"])
-            for i in range(meta["num_m_blocks"] * meta["heads"] * meta["batch"])]

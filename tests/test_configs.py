@@ -35,15 +35,24 @@ def test_softcap_configs_are_named_and_sm90_only():
         KernelConfig("sm_100a", "bf16", 128, True, "clc", softcap=True)
 
 
-def test_variant_tokens_override_the_tile():
-    base = KernelConfig("sm_90a", "bf16", 128, False, "single")
-    assert base.tile.overlap and base.tile.pingpong and (base.tile.n, base.tile.kv_stages) == (128, 2)
-    v = KernelConfig("sm_90a", "bf16", 128, False, "single", variant="noovl-nopp-s3-n176")
-    assert (v.tile.overlap, v.tile.pingpong, v.tile.kv_stages, v.tile.n) == (False, False, 3, 176)
-    assert v.name == "fwd_sm_90a_bf16_hd128_full_single_m128n176s3_v_noovl_nopp_s3_n176"
-    assert KernelConfig("sm_90a", "bf16", 128, False, "single", variant="xnopin").tile == base.tile
+def test_shipped_configs_know_nothing_of_experiments():
+    import dataclasses
+
+    import fa4_aot.configs as configs
+    assert "variant" not in {f.name for f in dataclasses.fields(KernelConfig)}
+    assert not hasattr(configs, "VARIANT_FLAGS")
+    # an old manifest record with a "variant" key still loads
+    d = KernelConfig("sm_90a", "bf16", 128, False, "single").to_dict()
+    assert KernelConfig.from_dict({**d, "variant": ""}) == KernelConfig.from_dict(d)
+
+
+def test_experiment_variant_tokens_override_the_tile():
+    from tools.experiments.variants import tile_overrides
+    assert tile_overrides("noovl-nopp-s3-n176") == {"overlap": False, "pingpong": False,
+                                                     "kv_stages": 3, "n": 176}
+    assert tile_overrides("") == {}
     with pytest.raises(ValueError, match="unknown kernel variant token 'n100'"):
-        KernelConfig("sm_90a", "bf16", 128, False, "single", variant="n100").tile
+        tile_overrides("n100")
 
 
 @pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (64, 16, 2), (3, 17, 1)])

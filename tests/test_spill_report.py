@@ -348,7 +348,7 @@ def test_best_manifest_shows_each_kernels_chosen_ptxas(capsys, tmp_path):
 
 
 def test_name_experiment_masks_names_and_counts_opcodes():
-    from build_tools import name_experiment as ne
+    from tools.experiments import name_experiment as ne
 
     sass = (FIXTURES / "wg_gemm.ptxas-13.1.115.nvdisasm.txt").read_text()
     insns = ne.sass_instructions(sass, [WG_ENTRY])
@@ -362,7 +362,7 @@ def test_name_experiment_masks_names_and_counts_opcodes():
 
 
 def test_name_experiment_renames_entries_and_their_params():
-    from build_tools import name_experiment as ne
+    from tools.experiments import name_experiment as ne
 
     text = WG_PTX.read_text()
     assert "cutlass" in WG_ENTRY

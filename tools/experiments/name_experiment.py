@@ -4,14 +4,15 @@ Upstream CUTLASS issue #3389 reports heavier ptxas spilling for kernels whose na
 "cutlass" (the CuTe DSL names entries ``kernel_cutlass_...`` by default). fa4_aot ships neutral
 names (``fa4aot_<config>_0``). This script measures the difference:
 
-    python build_tools/name_experiment.py                       # default configs and ptxas set
-    python build_tools/name_experiment.py --configs 'bf16_hd128_causal_steal_m' --ptxas 13.1 13.5
-    python build_tools/name_experiment.py --ptx /tmp/upstream.sm_100a.ptx   # rename-only test
-    python build_tools/name_experiment.py --format json > results.json
+    python tools/experiments/name_experiment.py                 # default configs and ptxas set
+    python tools/experiments/name_experiment.py --configs 'bf16_hd128_causal_steal_m' --ptxas 13.1 13.5
+    python tools/experiments/name_experiment.py --ptx /tmp/upstream.sm_100a.ptx   # rename-only test
+    python tools/experiments/name_experiment.py --format json > results.json
 
 For every configuration it compiles the kernel twice with the CuTe DSL (one process each):
-``compile_to_ptx(cfg, ..., neutral_name=True)`` gives ``fa4aot_<config>_0`` and
-``neutral_name=False`` gives ``fa4aot_<config>_cutlass_0``. It checks that the two PTX files
+the build's ``compile_to_ptx`` gives ``fa4aot_<config>_0``, and the same compile with the DSL's
+``cutlass`` name component kept (this script patches ``set_name_prefix`` in its worker process;
+the build itself has no such switch) gives ``fa4aot_<config>_cutlass_0``. It checks that the two PTX files
 differ only in that name, assembles both with each ptxas release, and compares: registers,
 spill bytes (``ptxas -v``), LDL/STL counts, and the SASS (``nvdisasm -c``) with the entry name
 replaced by a placeholder: how many instruction lines differ, and the L1 distance between the
@@ -38,7 +39,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from build_tools import toolchain as tcm  # noqa: E402
@@ -136,8 +137,22 @@ def normalized_ptx(ptx_text: str) -> str:
 
 
 def _compile_worker(cfg_dict: dict, out_ptx: str, neutral: bool) -> dict:
-    from build_tools.dsl_compile import compile_to_ptx  # one configuration per process
-    return compile_to_ptx(cfg_dict, out_ptx, neutral_name=neutral)
+    """One configuration per process. ``neutral=False``: keep the DSL's ``cutlass`` name
+    component by patching, in this process only, the kernels' ``set_name_prefix`` and the
+    build's expected entry name."""
+    from build_tools import dsl_compile
+    if not neutral:
+        from fa4_aot.kernels.sm90_fwd import FlashFwdSm90
+        from fa4_aot.kernels.sm100_fwd import FlashFwdSm100
+        for k in (FlashFwdSm90, FlashFwdSm100):
+            orig = k.kernel.set_name_prefix
+
+            def keep_cutlass(name, *, remove_cutlass_symbol=False, keep_mangled_name=True,
+                             _orig=orig):
+                _orig(name, remove_cutlass_symbol=False, keep_mangled_name=keep_mangled_name)
+            k.kernel.set_name_prefix = keep_cutlass
+        dsl_compile.entry_name = lambda cfg: f"{dsl_compile.ENTRY_PREFIX}{cfg.name}_cutlass_0"
+    return dsl_compile.compile_to_ptx(cfg_dict, out_ptx)
 
 
 def _assemble(tc: tcm.Toolchain, ptx: Path, cubin: Path) -> dict:

@@ -1,0 +1,96 @@
+"""Build experiment variants of the kernels: the shipped configurations with another tile or
+mainloop schedule, into a separate artifacts folder, for side-by-side measurements.
+
+    python tools/experiments/variants.py noovl-nopp --only 'sm_90a_bf16_hd128_full_single' \\
+        --out /tmp/exp_noovl_nopp [--ptxas 13.1] [--jobs 1]
+    FA4_AOT_ARTIFACTS=/tmp/exp_noovl_nopp python bench/bench_fwd.py ...
+
+A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile``:
+
+``ovl`` / ``noovl``  the sm_90a overlapped mainloop (S(n) and PV(n+1) together) on / off
+``pp`` / ``nopp``    the sm_90a warpgroup ping-pong on / off
+``sN``               N K/V pipeline stages
+``nN``               an n tile of N keys (a multiple of 16)
+
+How: the tile tables (``configs.TILES`` and ``DECODE_TILES``) are patched in this process and,
+through ``$FA4_AOT_EXPERIMENT_VARIANT``, in every compile worker, and then the ordinary build
+(``build_tools/build.py``'s ``build``) runs. The output folder is a complete artifacts folder
+(manifest, cubins, PTX): its kernels have the shipped configurations' keys with the variant's
+tile, so the runtime selects them when ``FA4_AOT_ARTIFACTS`` points there. The shipped
+configurations, the build and the runtime know nothing of variants.
+
+Ablations that needed kernel code (the P conversion as a plain ``.to()``, docs/perf-notes.md
+v7; varlen tiles handed to the consumers instead of skipped, v8) were kernel switches in the
+sources of their time; docs/perf-notes.md says how to reproduce them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+ENV = "FA4_AOT_EXPERIMENT_VARIANT"
+
+
+def tile_overrides(variant: str) -> dict:
+    """``"noovl-s3"`` -> ``{"overlap": False, "kv_stages": 3}``."""
+    out = {}
+    for tok in filter(None, variant.split("-")):
+        if tok in ("ovl", "noovl"):
+            out["overlap"] = tok == "ovl"
+        elif tok in ("pp", "nopp"):
+            out["pingpong"] = tok == "pp"
+        elif re.fullmatch(r"s[1-9]", tok):
+            out["kv_stages"] = int(tok[1:])
+        elif re.fullmatch(r"n(16|32|48|64|80|96|112|128|144|160|176|192)", tok):
+            out["n"] = int(tok[1:])
+        else:
+            raise ValueError(f"unknown kernel variant token {tok!r} (ovl, noovl, pp, nopp, sN, nN)")
+    return out
+
+
+def apply(variant: str) -> None:
+    """Patch the tile tables of this process (every arch and head_dim)."""
+    from fa4_aot import configs
+    over = tile_overrides(variant)
+    tables = [*configs.TILES.values(), getattr(configs, "DECODE_TILES", {})]
+    for table in tables:
+        for hd, t in list(table.items()):
+            table[hd] = dataclasses.replace(t, **over)
+
+
+def _compile_worker(cfg_dict: dict, ptx_path: str) -> dict:
+    """build.py's compile worker, in a fresh process: patch, then compile as usual."""
+    apply(os.environ[ENV])
+    from build_tools.dsl_compile import compile_to_ptx
+    return compile_to_ptx(cfg_dict, ptx_path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("variant", help="tokens joined by '-', e.g. noovl-nopp-s3")
+    ap.add_argument("--out", type=Path, required=True, help="artifacts folder to write")
+    ap.add_argument("--only", help="regex over configuration names")
+    ap.add_argument("--ptxas", default="13.1")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args(argv)
+    if a.out.resolve() == (ROOT / "artifacts").resolve():
+        ap.error("--out must not be the shipped artifacts/ folder")
+    tile_overrides(a.variant)  # validate before building anything
+    os.environ[ENV] = a.variant
+    apply(a.variant)
+    from build_tools import build
+    build._compile_worker = _compile_worker  # the pool pickles it by reference
+    return build.build(a.ptxas, a.out, a.only, a.jobs, a.force, False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
