@@ -3,6 +3,8 @@
 #   bash bench/sanitize.sh [outdir]
 # Cases: fewer tiles than CTAs (1 tile), SM count - 1 / + 1 tiles (131 / 133 on an H200), and
 # ~1000 tiles; causal and not.
+# Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
+# hazard; every log stays in outdir.
 set -u
 out=${1:-.}
 cases=(
@@ -12,11 +14,26 @@ cases=(
   "1 133 128 64 0 steal"
   "4 16 2048 64 1 steal"
 )
+failed=0
 for tool in racecheck synccheck memcheck; do
   for c in "${cases[@]}"; do
     log="$out/sanitize_${tool}_$(echo $c | tr ' ' '_').log"
     compute-sanitizer --tool $tool --kernel-name kns=fa4aot --print-limit 20 --report-api-errors no \
-      python3 bench/one_call.py $c > "$log" 2>&1
-    echo "$tool [$c] rc=$? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard' "$log" | tail -1)"
+      --error-exitcode 1 python3 bench/one_call.py $c > "$log" 2>&1
+    rc=$?
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard' "$log" | tail -1)
+    verdict=ok
+    # "ERROR SUMMARY: 0 errors" / "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+    if [ "$rc" -ne 0 ] || ! grep -q "ok " "$log" \
+       || grep -Eq 'ERROR SUMMARY: [1-9]|SUMMARY: [1-9][0-9]* hazard|\([1-9][0-9]* error|, [1-9][0-9]* warning' "$log"; then
+      verdict=FAILED
+      failed=$((failed + 1))
+    fi
+    echo "$tool [$c] rc=$rc $verdict :: $summary"
   done
 done
+if [ "$failed" -ne 0 ]; then
+  echo "sanitize: $failed run(s) FAILED (logs in $out)"
+  exit 1
+fi
+echo "sanitize: all runs clean"

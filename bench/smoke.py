@@ -1,6 +1,8 @@
 """Quick GPU smoke check: a few shapes, error vs the fp32 reference, per scheduler.
 
     python bench/smoke.py
+
+Exit status 1 when any case prints BAD (error above the bound, or NaN in the output).
 """
 import sys
 import time
@@ -21,8 +23,9 @@ CASES = [  # b, sq, sk, h, hk, d, causal
 ]
 
 
-def main():
+def main() -> int:
     torch.manual_seed(0)
+    bad = 0
     for b, sq, sk, h, hk, d, causal in CASES:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -37,10 +40,16 @@ def main():
             err = (out.float() - ref).abs().max().item()
             fin = torch.isfinite(lse_ref)
             lerr = (lse - lse_ref)[fin].abs().max().item() if fin.any() else 0.0
+            nan = torch.isnan(out).any().item()
+            ok = err <= bound and not nan
+            bad += not ok
             print(f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} causal={causal} {sched:6s} "
-                  f"err={err:.2e} bound={bound:.2e} lse_err={lerr:.2e} nan={torch.isnan(out).any().item()} "
-                  f"{'OK' if err <= bound else 'BAD'} ({time.time() - t:.2f}s)", flush=True)
+                  f"err={err:.2e} bound={bound:.2e} lse_err={lerr:.2e} nan={nan} "
+                  f"{'OK' if ok else 'BAD'} ({time.time() - t:.2f}s)", flush=True)
+    if bad:
+        print(f"smoke: {bad} case(s) BAD", flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
