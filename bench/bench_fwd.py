@@ -1,7 +1,7 @@
 """Forward benchmark: fa4_aot (each scheduler) vs cuDNN SDPA, torch flash and upstream FA4, one
 process, one GPU.
 
-    python bench/bench_fwd.py [--set all|anchors|imbalanced|causal|docs|window[,...]]
+    python bench/bench_fwd.py [--set all|anchors|imbalanced|causal|docs|window|host[,...]]
                               [--filter SUBSTR[,...]] [--shapes "B,H,S,D[,c][,wL:R];..."]
                               [--providers fa4_aot:single,fa4_aot:static,fa4_aot:steal,cudnn,flash,fa4]
                               [--iters N] [--repeats N] [--no-check] [--varlen-peer auto|native|loop]
@@ -39,6 +39,16 @@ cells are "n/a (not supported yet)".
 (cuDNN, else flash, else FA4, else the first that ran): max |out - ref| / (1 + |ref|) over all
 elements; above 0.03 the cell gets a "!" and the notes say MISMATCH.
 
+--set host (not part of "all"): host time per call of small calls (issue 16): a small dense
+call (1x128x1x64), a small GQA call, a decode call (seqlen_q = 1, B=8, Sk=1024, 32/8 heads,
+hd128) and a small varlen call, for fa4_aot (eager), fa4_aot_op (torch.ops.fa4_aot.fwd),
+fa4 (upstream FA4, when importable), cudnn (SDPA under sdpa_kernel(CUDNN_ATTENTION)) and sdpa
+(torch.nn.functional.scaled_dot_product_attention, torch's default dispatch; varlen: torch's
+varlen_attn). us_per_call = host clock around --host-calls back-to-back calls + one
+synchronize, / calls; median of --repeats, taken round the providers in turn. Inputs are made
+once per case in each provider's layout (no per-call transposes). With --json the host rows
+replace the file's host rows and the other groups' rows stay (and vice versa).
+
 The last thing printed is the table. --from-json re-tabulates / re-plots a saved run (no GPU).
 """
 
@@ -51,6 +61,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,10 +265,10 @@ def build_aot(env: Env, prov, case: bl.Case, inp: Inputs):
     missing = [f for f in bl.needs(case) if not env.aot_features[f]]
     if missing:
         raise NotSupported("n/a (not supported yet)")
+    if variant:
+        raise NotSupported("n/a (experiment variants are not in the shipped package)")
     attention = env.fa4_aot.attention
     kw = {"causal": case.causal, "scheduler": sched}
-    if variant:
-        kw["_variant"] = variant
     if case.window:
         kw["window_size"] = tuple(case.window)
     if case.varlen:
@@ -425,6 +436,191 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
     return row
 
 
+# ------------------------------------------------------------------------------ host group
+class HostInputs:
+    """One input set per host case, in every provider's layout, made once."""
+
+    def __init__(self, case: bl.Case, dtype):
+        import torch
+        dev = "cuda"
+        h, hk, d = case.heads, case.kv_heads, case.head_dim
+        if case.varlen:
+            n = case.tokens
+            self.q = torch.randn(n, h, d, device=dev, dtype=dtype)
+            self.k = torch.randn(n, hk, d, device=dev, dtype=dtype)
+            self.v = torch.randn(n, hk, d, device=dev, dtype=dtype)
+            self.cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32, device=dev)
+            self.max_seqlen = case.max_seqlen
+            cu = case.cu_seqlens()
+            self.docs = [tuple(x[s:e].unsqueeze(0).transpose(1, 2)
+                               for x in (self.q, self.k, self.v))
+                         for s, e in zip(cu[:-1], cu[1:])]
+        else:
+            b, sq, sk = case.batch, case.seqlen_q, case.seqlen_k
+            self.q = torch.randn(b, sq, h, d, device=dev, dtype=dtype)
+            self.k = torch.randn(b, sk, hk, d, device=dev, dtype=dtype)
+            self.v = torch.randn(b, sk, hk, d, device=dev, dtype=dtype)
+            self.bhsd = tuple(x.transpose(1, 2) for x in (self.q, self.k, self.v))
+        torch.cuda.synchronize()
+
+
+def build_host(env: Env, prov: str, case: bl.Case, inp: HostInputs):
+    """(fn, method, output -> (tokens, heads, d) or (b, s, h, d) in q's layout)."""
+    import torch
+    import torch.nn.functional as F
+    causal, gqa = case.causal, case.kv_heads != case.heads
+    q, k, v = inp.q, inp.k, inp.v
+    if prov in ("fa4_aot", "fa4_aot_op"):
+        if env.fa4_aot is None:
+            raise NotSupported("n/a (fa4_aot not importable)")
+        if case.head_dim not in env.aot_head_dims:
+            raise NotSupported(f"n/a (hd{case.head_dim} not built)")
+        if prov == "fa4_aot":
+            att = env.fa4_aot.attention
+            if case.varlen:
+                cu, m = inp.cu, inp.max_seqlen
+                return (lambda: att(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                    max_seqlen_q=m, max_seqlen_k=m)), "eager"
+            return (lambda: att(q, k, v, causal=causal)), "eager"
+        op = torch.ops.fa4_aot.fwd
+        if case.varlen:
+            cu, m = inp.cu, inp.max_seqlen
+            return (lambda: op(q, k, v, cu, cu, m, m, causal, None, -1, -1, "auto", 0.0)[0]), \
+                "torch.ops.fa4_aot.fwd"
+        return (lambda: op(q, k, v, None, None, 0, 0, causal, None, -1, -1, "auto", 0.0)[0]), \
+            "torch.ops.fa4_aot.fwd"
+    if prov == "fa4":
+        if env.fa4 is None:
+            raise NotSupported("n/a (FA4 not importable)")
+        if case.varlen:
+            if env.fa4_varlen is None:
+                raise NotSupported("n/a (no flash_attn_varlen_func)")
+            f, cu, m = env.fa4_varlen, inp.cu, inp.max_seqlen
+            kw = bl.filter_kwargs(f, {"causal": causal, "cu_seqlens_q": cu, "cu_seqlens_k": cu,
+                                      "max_seqlen_q": m, "max_seqlen_k": m})
+            return (lambda: _first(f(q, k, v, **kw))), "flash_attn_varlen_func"
+        f = env.fa4
+        kw = bl.filter_kwargs(f, {"causal": causal})
+        return (lambda: _first(f(q, k, v, **kw))), "flash_attn_func"
+    # cudnn (inside sdpa_kernel(CUDNN_ATTENTION), entered around the loop) / sdpa (default)
+    if case.varlen:
+        if prov == "sdpa" and env.varlen_attn is not None:
+            class _I:  # what _varlen_attn_call reads
+                pass
+            vi = _I()
+            vi.cu, vi.max_seqlen = inp.cu, inp.max_seqlen
+            vi.packed = lambda i: (q, k, v)
+            fn = _varlen_attn_call(env, vi, causal, None)
+            return (lambda: fn(0)), "torch varlen_attn"
+        docs = inp.docs
+        return (lambda: [F.scaled_dot_product_attention(a, b, c, is_causal=causal,
+                                                        enable_gqa=gqa) for a, b, c in docs]), \
+            f"per-doc SDPA loop ({len(docs)} calls)"
+    qb, kb, vb = inp.bhsd
+    kw = {"is_causal": causal}
+    if gqa:
+        kw["enable_gqa"] = True
+    return (lambda: F.scaled_dot_product_attention(qb, kb, vb, **kw)), "sdpa"
+
+
+def _host_out(o, prov, case):
+    """A provider's output in fa4_aot's layout, for the comparison."""
+    import torch
+    if isinstance(o, list):  # per-doc loop: (1, H, L, D) each
+        return torch.cat([x[0].transpose(0, 1) for x in o], dim=0)
+    if prov in ("cudnn", "sdpa") and not case.varlen:
+        return o.transpose(1, 2)
+    return o
+
+
+def host_time(fn, n):
+    """(us per call with a sync at the end, us per call before the sync)."""
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) / n * 1e6, (t1 - t0) / n * 1e6
+
+
+def run_host_case(env: Env, case: bl.Case, providers, calls, repeats, dtype):
+    torch = env.torch
+    row = bl.Row(case)
+    inp = HostInputs(case, dtype)
+    fns, outs, samples = {}, {}, {}
+    for prov in providers:
+        res = row.results[prov] = bl.Result()
+        try:
+            with provider_context(prov):
+                fn, res.method = build_host(env, prov, case, inp)
+                outs[prov] = _host_out(fn(), prov, case)
+                for _ in range(50):
+                    fn()
+                torch.cuda.synchronize()
+            fns[prov], samples[prov] = fn, []
+        except NotSupported as e:
+            res.note = str(e)
+        except Exception as e:  # noqa: BLE001 - a backend may refuse a shape; keep going
+            msg = (str(e).splitlines() or [type(e).__name__])[0][:300]
+            print(f"  {prov} failed on {case.label}: {type(e).__name__}: {msg}", file=sys.stderr)
+            res.note, res.error = f"error: {type(e).__name__}", f"{type(e).__name__}: {msg}"
+    for r in range(repeats):
+        for prov in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            with provider_context(prov):
+                samples[prov].append(host_time(fns[prov], calls))
+    for prov, ss in samples.items():
+        res = row.results[prov]
+        res.us_per_call = statistics.median(s[0] for s in ss)
+        res.enqueue_us = statistics.median(s[1] for s in ss)
+    ref_p = next((p for p in ("sdpa", "cudnn", "fa4") if p in outs), None)
+    if ref_p is not None:
+        for p, o in outs.items():
+            if p == ref_p:
+                continue
+            try:
+                d = _rel_diff(o.reshape(outs[ref_p].shape), outs[ref_p])
+            except Exception as e:  # noqa: BLE001
+                print(f"  cannot compare {p} with {ref_p}: {e}", file=sys.stderr)
+                continue
+            row.results[p].max_diff = d
+            row.results[p].mismatch = not (d <= CHECK_TOL)
+            if row.results[p].mismatch:
+                row.results[p].note = f"MISMATCH vs {ref_p}: {d:.3g}"
+    del inp, outs, fns
+    torch.cuda.empty_cache()
+    return row
+
+
+def run_host(a, cases, dtype):
+    import torch
+    providers = [p.strip() for p in (a.host_providers or ",".join(bl.HOST_PROVIDERS)).split(",")
+                 if p.strip()]
+    for p in providers:
+        if p not in bl.HOST_PROVIDERS:
+            raise SystemExit(f"unknown host provider {p!r}; choose from "
+                             f"{', '.join(bl.HOST_PROVIDERS)}")
+    env = Env(["fa4_aot:steal"] + (["fa4"] if "fa4" in providers else []))
+    if "fa4" in providers and env.fa4 is None:
+        providers.remove("fa4")
+    meta = env.meta()
+    meta.update(host_calls=a.host_calls, repeats=a.repeats, dtype=a.dtype,
+                timing=bl.HOST_TIMING)
+    for n in env.notes:
+        print(f"note: {n}", flush=True)
+    rows = []
+    for case in cases:
+        rows.append(run_host_case(env, case, providers, a.host_calls, a.repeats, dtype))
+        r = rows[-1]
+        print(f"{case.label}: " + " ".join(
+            f"{p}={'n/a' if r.results[p].us_per_call is None else f'{r.results[p].us_per_call:.1f}'}"
+            for p in providers), flush=True)
+    torch.cuda.synchronize()
+    return rows, providers, meta
+
+
 def print_line(row, providers):
     cells = []
     for p in providers:
@@ -433,8 +629,19 @@ def print_line(row, providers):
     print(f"{row.case.label}: " + " ".join(cells), flush=True)
 
 
+def _is_tflops_provider(p):
+    try:
+        bl.parse_provider(p)
+        return True
+    except ValueError:
+        return False
+
+
 def finish(rows, providers, a, meta):
-    if a.json:
+    if a.json and not a.from_json:
+        bl.merge_json(a.json, rows, providers, meta)
+        print(f"wrote {a.json} (rows of the groups measured; other groups kept)")
+    elif a.json:
         bl.write_json(a.json, rows, providers, meta)
         print(f"wrote {a.json}")
     if a.csv:
@@ -471,7 +678,11 @@ def main(argv=None):
                     help="varlen peers: auto = flash via torch varlen_attn, cuDNN via one SDPA "
                          "call per document; native = cuDNN's ragged op too (slow in torch "
                          "2.11); loop = both via one SDPA call per document")
-    ap.add_argument("--json")
+    ap.add_argument("--host-calls", type=int, default=2000,
+                    help="--set host: back-to-back calls per timed sample")
+    ap.add_argument("--host-providers",
+                    help="--set host: comma list of " + ", ".join(bl.HOST_PROVIDERS))
+    ap.add_argument("--json", help="write (merge by group into) this bench file")
     ap.add_argument("--csv")
     ap.add_argument("--png")
     ap.add_argument("--from-json", help="re-tabulate / re-plot a saved --json file (no GPU)")
@@ -480,7 +691,15 @@ def main(argv=None):
     if a.from_json:
         doc = json.loads(Path(a.from_json).read_text())
         rows, providers = bl.rows_from_json(doc)
-        finish(rows, providers, a, doc.get("meta", {}))
+        host_rows = [r for r in rows if r.case.group == bl.HOST_GROUP]
+        rows = [r for r in rows if r.case.group != bl.HOST_GROUP]
+        providers = [p for p in providers if _is_tflops_provider(p)]
+        if host_rows:
+            _, hp = bl.host_rows_from_json(doc)
+            print(bl.format_host_table(host_rows, hp))
+            print()
+        if rows:
+            finish(rows, providers, a, doc.get("meta", {}))
         return 0
 
     providers = [p.strip() for p in a.providers.split(",") if p.strip()]
@@ -490,16 +709,29 @@ def main(argv=None):
     cases = bl.filter_cases(cases, a.filter)
     if not cases:
         ap.error("no case selected")
+    host_cases = [c for c in cases if c.group == bl.HOST_GROUP]
+    cases = [c for c in cases if c.group != bl.HOST_GROUP]
 
     import torch
     if not torch.cuda.is_available():
         print("bench_fwd.py needs a CUDA GPU (use --from-json FILE to re-tabulate a saved run)",
               file=sys.stderr)
         return 2
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+    if host_cases and not cases:
+        rows, hp, meta = run_host(a, host_cases, dtype)
+        if a.json:
+            bl.merge_json(a.json, rows, [], meta, host_providers=hp)
+            print(f"wrote {a.json} (host rows; other groups kept)")
+        print()
+        print("time: " + bl.HOST_TIMING)
+        print(bl.format_host_table(rows, hp))
+        return 0
+    if host_cases:
+        ap.error("--set host runs on its own (its cells are us per call, not TFLOP/s)")
     env = Env(providers)
     if "fa4" in providers and env.fa4 is None:
         providers.remove("fa4")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     meta = env.meta()
     meta.update(iters=a.iters, repeats=a.repeats, dtype=a.dtype, varlen_peer=a.varlen_peer)
     for n in env.notes:

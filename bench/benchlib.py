@@ -51,6 +51,16 @@ WINDOW_CASES = [(4, 16, 8192, 128, (1024, 0))]  # (B, H, S, D, (left, right)), c
 GROUPS = ("anchors", "causal", "docs", "window")
 GROUP_ALIASES = {"all": GROUPS, "imbalanced": ("causal", "docs", "window"),
                  "varlen": ("docs",)}
+# Host time per call (issue 16): small calls, where the host work is the cost. Not in "all":
+# measured in microseconds per call (bench_fwd.py --set host), not TFLOP/s.
+HOST_GROUP = "host"
+HOST_DOCS = (100, 28, 256, 128)  # the varlen call: 4 documents, 512 tokens
+HOST_PROVIDERS = ("fa4_aot", "fa4_aot_op", "fa4", "cudnn", "sdpa")
+HOST_NAMES = {"fa4_aot": "fa4_aot", "fa4_aot_op": "fa4_aot op", "fa4": "FA4", "cudnn": "cuDNN",
+              "sdpa": "sdpa"}
+HOST_TIMING = ("host clock around N back-to-back calls of the same call + one synchronize, / N "
+               "(us_per_call); median over repeats taken round the providers in turn; "
+               "enqueue_us: the same clock stopped before the synchronize")
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,11 @@ class Case:
     seqlen_k: int = 0
     window: tuple | None = None  # (left, right), -1 = unbounded
     docs: tuple | None = None
+    heads_k: int = 0  # key/value heads (GQA); 0 = heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads_k or self.heads
 
     @property
     def varlen(self) -> bool:
@@ -125,17 +140,31 @@ def dense_case(b, h, s, d, causal, group="anchors", window=None, label=None) -> 
                 window=tuple(window) if window else None)
 
 
+def host_cases() -> list[Case]:
+    """The host-time group: a small dense call, a small GQA call, a decode call (one query
+    row, GQA) and a small varlen call."""
+    return [
+        Case(HOST_GROUP, "dense 1x128x1x64", 1, 64, False, batch=1, seqlen_q=128, seqlen_k=128),
+        Case(HOST_GROUP, "gqa 2x256 8/2 heads hd128 causal", 8, 128, True, batch=2,
+             seqlen_q=256, seqlen_k=256, heads_k=2),
+        Case(HOST_GROUP, "decode B=8 Sk=1024 32/8 heads hd128", 32, 128, False, batch=8,
+             seqlen_q=1, seqlen_k=1024, heads_k=8),
+        Case(HOST_GROUP, f"varlen {len(HOST_DOCS)} docs {sum(HOST_DOCS)} tok 4 heads hd128 causal",
+             4, 128, True, docs=HOST_DOCS),
+    ]
+
+
 def build_cases(groups="all") -> list[Case]:
-    """Cases of the groups named (comma list or iterable of anchors, causal, docs, window, or
-    the aliases all, imbalanced, varlen), in table order."""
+    """Cases of the groups named (comma list or iterable of anchors, causal, docs, window,
+    host, or the aliases all, imbalanced, varlen), in table order."""
     if isinstance(groups, str):
         groups = [g.strip() for g in groups.split(",") if g.strip()]
     wanted = []
     for g in groups:
         for x in GROUP_ALIASES.get(g, (g,)):
-            if x not in GROUPS:
+            if x not in GROUPS + (HOST_GROUP,):
                 raise ValueError(f"unknown case group {x!r}; choose from "
-                                 f"{', '.join(GROUPS + tuple(GROUP_ALIASES))}")
+                                 f"{', '.join(GROUPS + (HOST_GROUP,) + tuple(GROUP_ALIASES))}")
             if x not in wanted:
                 wanted.append(x)
     cases: list[Case] = []
@@ -160,6 +189,8 @@ def build_cases(groups="all") -> list[Case]:
             for b, h, s, d, w in WINDOW_CASES:
                 cases.append(dense_case(b, h, s, d, True, group="window", window=w,
                                         label=f"window{w} S={s} B={b} hd{d}"))
+    if HOST_GROUP in wanted:
+        cases += host_cases()
     return cases
 
 
@@ -296,9 +327,15 @@ class Result:
     max_diff: float | None = None  # vs the reference provider's output, relative (see bench_fwd)
     mismatch: bool = False
     error: str = ""  # the full exception text when the provider raised (note has its type)
+    us_per_call: float | None = None  # host group: host clock per call, sync at the end
+    enqueue_us: float | None = None  # host group: the same before the sync
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for k in ("us_per_call", "enqueue_us"):  # host-group fields only
+            if d[k] is None:
+                del d[k]
+        return d
 
 
 @dataclass
@@ -453,9 +490,90 @@ def rows_from_json(doc: dict) -> tuple[list[Row], list[str]]:
         row = Row(Case(**c))
         for p, r in d["providers"].items():
             row.results[p] = Result(**{k: r[k] for k in ("ms", "method", "note", "max_diff",
-                                                          "mismatch", "error") if k in r})
+                                                          "mismatch", "error", "us_per_call",
+                                                          "enqueue_us") if k in r})
         rows.append(row)
     return rows, list(doc["providers"])
+
+
+def host_rows_from_json(doc: dict) -> tuple[list[Row], list[str]]:
+    """The ``host`` rows of a saved file (and their providers)."""
+    rows, _ = rows_from_json({"rows": [d for d in doc["rows"] if d["group"] == HOST_GROUP],
+                              "providers": []})
+    return rows, list(doc.get("host_providers", HOST_PROVIDERS))
+
+
+def merge_json(path, rows, providers, meta=None, baseline=BASELINE, host_providers=None):
+    """Write ``rows`` into the bench file at ``path``, keeping the rows of every group this run
+    did not measure (a ``--set host`` run keeps the TFLOP/s groups and vice versa). The
+    top-level ``meta`` is the new run's when it measured a TFLOP/s group, else the file's; each
+    group's run meta is kept under ``meta["group_meta"]``."""
+    path = Path(path)
+    new_groups = list(dict.fromkeys(r.case.group for r in rows))
+    tflops_rows = [r for r in rows if r.case.group != HOST_GROUP]
+    host_rows = [r for r in rows if r.case.group == HOST_GROUP]
+    old = None
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = None
+    doc = json_doc(tflops_rows, providers, meta, baseline)
+    doc["rows"] += [r.to_dict(host_providers or HOST_PROVIDERS, baseline) for r in host_rows]
+    if host_rows:
+        doc["host_timing"] = HOST_TIMING
+        doc["host_providers"] = list(host_providers or HOST_PROVIDERS)
+    group_meta = {g: meta or {} for g in new_groups}
+    if old is not None and isinstance(old.get("rows"), list):
+        kept = [d for d in old["rows"] if d.get("group") not in new_groups]
+        if not tflops_rows:
+            doc["meta"] = old.get("meta", {})
+            doc["providers"] = old.get("providers", [])
+        elif any(d.get("group") != HOST_GROUP for d in kept):
+            doc["providers"] = list(dict.fromkeys(doc["providers"] + old.get("providers", [])))
+        if not host_rows and "host_providers" in old:
+            doc["host_providers"] = old["host_providers"]
+            doc["host_timing"] = old.get("host_timing", HOST_TIMING)
+        order = GROUPS + (HOST_GROUP,)
+        rank = {g: i for i, g in enumerate(order)}
+        doc["rows"] = sorted(kept + doc["rows"], key=lambda d: rank.get(d.get("group"),
+                                                                       len(order)))
+        group_meta = {**old.get("meta", {}).get("group_meta", {}), **group_meta}
+    doc["meta"] = {**doc["meta"], "group_meta": {
+        g: {k: v for k, v in m.items() if k != "group_meta"} for g, m in group_meta.items()}}
+    path.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def format_host_table(rows, providers, title=None) -> str:
+    """us per call, one line per host case; the last column is fa4_aot / sdpa."""
+    label_w = max([len("case")] + [len(r.case.label) for r in rows])
+    heads = [HOST_NAMES.get(p, p) for p in providers] + ["aot/sdpa"]
+    cells = []
+    for r in rows:
+        line = []
+        for p in providers:
+            res = r.results.get(p)
+            u = None if res is None else res.us_per_call
+            line.append("n/a" if u is None else f"{u:.1f}")
+        a, b = (r.results.get(p) for p in ("fa4_aot", "sdpa"))
+        ua = a.us_per_call if a else None
+        ub = b.us_per_call if b else None
+        line.append("n/a" if ua is None or not ub else f"{ua / ub:.2f}x")
+        cells.append(line)
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
+              for i, h in enumerate(heads)]
+    out = [title] if title else []
+    hdr = f"{'case (us per call)':<{label_w}}  " + "  ".join(
+        f"{h:>{w}}" for h, w in zip(heads, widths))
+    out += [hdr, "-" * len(hdr)]
+    for r, line in zip(rows, cells):
+        s = f"{r.case.label:<{label_w}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(line, widths))
+        notes = "; ".join(f"{HOST_NAMES.get(p, p)}: {r.results[p].note or r.results[p].method}"
+                          for p in providers if p in r.results
+                          and (r.results[p].note or r.results[p].method not in ("", "eager")))
+        out.append((s + ("  " + notes if notes else "")).rstrip())
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------ plotting

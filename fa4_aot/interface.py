@@ -1,17 +1,42 @@
-"""``fa4_aot.attention``: validation, kernel selection and launch on the torch stream."""
+"""``fa4_aot.attention``: validation, kernel selection and launch on the torch stream.
+
+The host path of a call, in three parts:
+
+* **The key** (:func:`_key`): everything the launch depends on except the tensors' addresses —
+  shapes, strides, dtypes and devices of q/k/v (and of ``out``, ``cu_seqlens_q/k``, the trace
+  buffer), the scalar arguments, and the current stream. Each thread keeps a memo from key to
+  a prepared call (:class:`_Entry`).
+* **A memo miss** (:func:`_prepare`): full validation (every error message names the argument),
+  then :func:`derive_launches` — the one function that maps a validated call (:class:`Call`) to
+  its launch values — and the launch objects of ``fa4_aot.runtime`` (parameter buffer with
+  every constant and every TMA descriptor already in place, launch config).
+* **Every call** (:meth:`_Entry.run`): the checks a key cannot carry (16-byte aligned data
+  pointers, forward-only), the output and LSE allocation, the 8-byte addresses written into the
+  parameter buffer, ``cuLaunchKernelEx``. No device->host copy, no synchronisation: varlen
+  offsets are not read on the host unless asked (:func:`check_varlen`,
+  ``FA4_AOT_CHECK_VARLEN=1``); the kernels clamp documents to the packed length.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from functools import lru_cache
+from typing import NamedTuple
 
 from . import runtime
 from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS
 from .manifest import load_manifest
+from .runtime import PerCall, TensorView
 from .schedule import choose_section
 
-_section = lru_cache(maxsize=4096)(choose_section)  # pure; called on every launch
+try:
+    import torch
+except ImportError:  # the build imports fa4_aot without torch
+    torch = None
+
+_section = lru_cache(maxsize=4096)(choose_section)  # pure
 
 SCHEDULERS = ("auto", "single", "static", "steal", "clc")
 _ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
@@ -20,15 +45,55 @@ _state_lock = threading.Lock()
 _counters: dict = {}  # (device index, stream handle) -> int32[2] work-stealing counter
 _sm_count: dict = {}
 
+_NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast path)
+# FA4_AOT_CHECK_VARLEN=1: check_varlen() on every varlen call (a device->host copy and a sync
+# each); read when fa4_aot is imported, set_check_varlen() changes it at run time.
+CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
+_check_varlen_always = os.environ.get(CHECK_VARLEN_ENV, "").strip() not in ("", "0")
+MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
+
+# The per-call addresses, in the order _Entry.run hands them to the launchers.
+SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace")
+
+if torch is not None:
+    _empty = torch.empty
+    _float32 = torch.float32
+    _grad_enabled = torch.is_grad_enabled
+    _is_compiling = torch.compiler.is_compiling
+    _capturing = torch.cuda.is_current_stream_capturing
+    _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda index: torch.cuda.current_stream(index).cuda_stream)
+_DEVICE_TYPE = "cuda"  # the device type the fast path accepts (tests swap in "cpu")
+
+
+class _ThreadState(threading.local):
+    def __init__(self):
+        self.memo = {}
+
+
+_tls = _ThreadState()
+
+
+def clear_memo():
+    """Forget this thread's prepared calls (tests; the memo is bounded by MEMO_SIZE anyway)."""
+    _tls.memo.clear()
+
+
+def set_check_varlen(enabled: bool):
+    """Run :func:`check_varlen` on every varlen call (True) or never (False); the default
+    comes from ``FA4_AOT_CHECK_VARLEN``."""
+    global _check_varlen_always
+    _check_varlen_always = bool(enabled)
+
 
 def _torch_dtypes():
     global _DTYPE_NAMES
     if _DTYPE_NAMES is None:
-        import torch
         _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
     return _DTYPE_NAMES
 
 
+# ------------------------------------------------------------------------------ validation
 def _check_tensor(name, t, torch, rank=4, layout="(batch, seqlen, heads, head_dim)"):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -66,8 +131,7 @@ def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
 
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
-                  trace: bool = False, variant: str = "", local: bool = False,
-                  softcap: bool = False):
+                  trace: bool = False, local: bool = False, softcap: bool = False):
     """(manifest name, record) of the kernel for this device and problem."""
     arch = _device_arch(device)
     sched = resolve_scheduler(scheduler, arch)
@@ -77,11 +141,10 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
             f"softcap kernels exist for scheduler 'auto', "
             + ", ".join(repr(s) for s in SOFTCAP_SCHEDULERS) + f"; got scheduler={scheduler!r}")
     return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, sched,
-                                trace=trace, variant=variant, local=local, softcap=softcap)
+                                trace=trace, local=local, softcap=softcap)
 
 
 def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0):
-    import torch
     rank = 3 if varlen else 4
     layout = "(total, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -110,37 +173,67 @@ def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 = no capping), got {softcap!r}")
 
 
+def _check_cu_seqlens(name, cu, device=None):
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D int32 tensor (batch + 1 offsets), got "
+                        f"{getattr(cu, 'dtype', type(cu).__name__)}")
+    if device is not None and cu.device != device:
+        raise ValueError(f"{name} must be on {device}, got {cu.device}")
+    if cu.numel() < 2:
+        raise ValueError(f"{name} must have batch + 1 >= 2 entries, got {cu.numel()}")
+    if cu.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (the kernel reads batch + 1 consecutive "
+                         f"int32), got stride {cu.stride(0)}")
+
+
 def _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """Shapes and types always; values (monotonic, totals, max) when not capturing a graph or
-    compiling, since reading them costs a device sync."""
-    import torch
+    """Types, devices and lengths of the varlen arguments: what the launch depends on. The
+    offsets' values are not read here (that costs a device sync): :func:`check_varlen`."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-            raise TypeError(f"{name} must be a 1-D int32 tensor (batch + 1 offsets), got "
-                            f"{getattr(cu, 'dtype', type(cu).__name__)}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} must be on {q.device}, got {cu.device}")
-        if cu.numel() < 2:
-            raise ValueError(f"{name} must have batch + 1 >= 2 entries, got {cu.numel()}")
+        _check_cu_seqlens(name, cu, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); "
                          f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(m, int) or m < 0:
             raise ValueError(f"{name} must be a non-negative int with varlen, got {m!r}")
-    if torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
-    for name, cu, total, mx in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
-                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
-        vals = cu.tolist()
-        lens = [b - a for a, b in zip(vals, vals[1:])]
-        if vals[0] != 0 or min(lens) < 0:
-            raise ValueError(f"{name} must start at 0 and never decrease; got {vals[:8]}...")
-        if vals[-1] > total:
+
+
+def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                 total_q: int | None = None, total_k: int | None = None):
+    """Check the values of varlen offsets; raises ``ValueError`` naming what is wrong.
+
+    ``fa4_aot.attention`` does not read ``cu_seqlens_q/k`` on the host (that would cost a
+    device->host copy and a synchronisation on every call); the kernels clamp every document to
+    the packed length, so bad offsets give wrong output but touch no memory outside q, k, v,
+    out and the LSE. Call this where the offsets are made, or set ``FA4_AOT_CHECK_VARLEN=1`` to
+    run it on every call. Checks, for q and k: the offsets start at 0, never decrease, end
+    within the packed length (``total_q`` / ``total_k`` = q.shape[0] / k.shape[0], when given),
+    and no document is longer than ``max_seqlen_q`` / ``max_seqlen_k``. One device->host copy
+    of both tensors (not allowed while a CUDA graph is being captured)."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_cu_seqlens(name, cu)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); "
+                         f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    n = cu_seqlens_q.numel()
+    both = torch.cat((cu_seqlens_q, cu_seqlens_k.to(cu_seqlens_q.device))).tolist()  # one copy
+    for name, vals, total, mx in (("cu_seqlens_q", both[:n], total_q, max_seqlen_q),
+                                  ("cu_seqlens_k", both[n:], total_k, max_seqlen_k)):
+        if vals[0] != 0:
+            raise ValueError(f"{name}[0] = {vals[0]}: {name} must start at 0 and never decrease")
+        for i in range(1, n):
+            if vals[i] < vals[i - 1]:
+                raise ValueError(f"{name} decreases at index {i} ({vals[i - 1]} -> {vals[i]}): "
+                                 f"{name} must start at 0 and never decrease; got "
+                                 f"{vals[:8]}{'...' if n > 8 else ''}")
+        if total is not None and vals[-1] > total:
             raise ValueError(f"{name}[-1] = {vals[-1]} exceeds the packed length {total}")
-        if max(lens) > mx:
-            raise ValueError(f"a document of {max(lens)} tokens exceeds "
-                             f"max_seqlen_{name[-1]} = {mx}")
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        longest = max(lens)
+        if longest > mx:
+            raise ValueError(f"a document of {longest} tokens (document {lens.index(longest)}) "
+                             f"exceeds max_seqlen_{name[-1]} = {mx}")
 
 
 def _window(window_size, causal):
@@ -156,8 +249,25 @@ def _window(window_size, causal):
     return True, left, right
 
 
+def _check_out(out, q):
+    if out is not None and not (
+            isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+            and out.device == q.device and out.stride(-1) == 1
+            and all(out.stride(i) % 8 == 0 for i in range(out.dim() - 1))
+            and (torch.compiler.is_compiling() or out.data_ptr() % 16 == 0)):
+        raise ValueError("out must be a tensor with q's shape, dtype and device, a contiguous last "
+                         "dim and 16-byte aligned strides and data pointer; got "
+                         f"{getattr(out, 'shape', out)!r}")
+
+
+def _forward_only():
+    return NotImplementedError(
+        "fa4_aot is forward-only (it has no backward): q, k or v requires grad while grad mode "
+        "is on. Call it under torch.no_grad() / torch.inference_mode(), or pass detached "
+        "tensors.")
+
+
 def _device_arch(device) -> str:
-    import torch
     cap = torch.cuda.get_device_capability(device)  # cached by torch
     arch = _ARCH_BY_CAPABILITY.get(cap)
     if arch is None:
@@ -167,7 +277,6 @@ def _device_arch(device) -> str:
 
 
 def _counter(device, stream_handle):
-    import torch
     key = (device.index, stream_handle)
     with _state_lock:
         c = _counters.get(key)
@@ -179,7 +288,6 @@ def _counter(device, stream_handle):
 
 
 def num_sms(device) -> int:
-    import torch
     idx = device.index
     if idx not in _sm_count:
         _sm_count[idx] = torch.cuda.get_device_properties(device).multi_processor_count
@@ -200,16 +308,280 @@ def grid_size(rule: dict, num_tiles: int, sms: int) -> int:
     return max(1, min(num_tiles, rule["ctas_per_sm"] * sms))
 
 
+# ------------------------------------------------------------------------------ derivation
+class Call(NamedTuple):
+    """A validated call, less the tensors' addresses: everything :func:`derive_launches` may
+    use. Tensors appear as (shape, element strides) of the 4-D (batch, seqlen, heads, d) views
+    the kernels see (varlen: batch 1, the packed total as seqlen)."""
+
+    device: object  # torch.device
+    stream: int  # raw CUstream handle of the current torch stream
+    dtype: object  # torch dtype of q/k/v/out
+    elem_bytes: int
+    q: tuple  # (shape, stride)
+    k: tuple
+    v: tuple
+    out: tuple
+    varlen: bool
+    batch: int  # batch, or documents for varlen
+    seqlen_q: int  # seqlen_q, or max_seqlen_q for varlen
+    seqlen_k: int
+    heads: int
+    heads_k: int
+    head_dim: int
+    causal: bool  # plain causal mask (a causal window is local with window_right = 0)
+    local: bool
+    window_left: int  # -1 = unbounded
+    window_right: int
+    softmax_scale: float  # resolved (1/sqrt(d) when None was given)
+    softcap: float
+    scheduler: str  # as given (resolved per arch by select_kernel)
+    trace: bool
+
+
+class KernelLaunch(NamedTuple):
+    name: str  # manifest kernel name
+    record: dict  # manifest record
+    grid: tuple
+    values: dict  # launch value name -> constant, or PerCall(slot) for per-call addresses
+
+
+class CallPlan(NamedTuple):
+    out_shape: tuple  # (allocated when the caller passes no out)
+    lse_shape: tuple
+    mode: int  # _LAUNCH, _NOTHING (no tile) or _ZERO_FILL (no key)
+    launches: tuple  # KernelLaunch, run in order on the call's stream
+
+
+_LAUNCH, _NOTHING, _ZERO_FILL = 0, 1, 2
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def derive_launches(c: Call) -> CallPlan:
+    """(validated call) -> what to allocate and every launch value of every kernel launch.
+
+    The one place where launch values are computed: a new kernel parameter is added here (and
+    to :class:`Call` if it depends on something new about the call — the memo key, :func:`_key`,
+    must then cover it). Values that change from call to call are the tensors' addresses only,
+    given as :class:`fa4_aot.runtime.PerCall` slots (:data:`SLOTS`)."""
+    b, sq, sk, h, hk, d = c.batch, c.seqlen_q, c.seqlen_k, c.heads, c.heads_k, c.head_dim
+    (tma_batch, q_rows, _, _), (_, k_rows, _, _) = c.q[0], c.k[0]
+    out_shape = (q_rows, h, d) if c.varlen else (b, sq, h, d)
+    lse_shape = (h, q_rows) if c.varlen else (b, h, sq)
+    if 0 in c.q[0]:
+        return CallPlan(out_shape, lse_shape, _NOTHING, ())
+    if 0 in c.k[0]:
+        return CallPlan(out_shape, lse_shape, _ZERO_FILL, ())
+    # A window is its own kernel (causal windows are local with window_right = 0).
+    name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
+                              c.softcap > 0)
+    launch = rec["launch"]
+    if (c.varlen or c.local) and not any(p["name"] == "window_left" for p in launch["params"]):
+        raise ValueError(f"varlen and window_size are not supported by the {rec['arch']} kernels")
+    num_m_blocks = -(-sq // launch["tile"]["m"])
+    num_tiles = num_m_blocks * h * b
+    if num_tiles == 0:
+        return CallPlan(out_shape, lse_shape, _NOTHING, ())
+    o_stride = c.out[1]
+    lse_stride = _contiguous_strides(lse_shape)
+    unbounded = sq + sk  # a window side of -1: wider than any row can see
+    values = {
+        "seqlen_q": sq, "seqlen_k": sk, "num_heads": h, "num_heads_k": hk, "batch": b,
+        "q_rows": q_rows, "k_rows": k_rows, "tma_batch": tma_batch,
+        "qhead_per_kvhead": h // hk, "num_m_blocks": num_m_blocks,
+        "section": _section(h, b, sk, d, c.elem_bytes, h // hk),
+        "num_tiles": num_tiles,
+        **softmax_scalars(c.softmax_scale, c.softcap),
+        "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"),
+        "o_stride_s": o_stride[1], "o_stride_h": o_stride[2],
+        "o_stride_b": 0 if c.varlen else o_stride[0],
+        "lse_stride_h": lse_stride[0] if c.varlen else lse_stride[1],
+        "lse_stride_b": 0 if c.varlen else lse_stride[0],
+        "sched_ptr": (_counter(c.device, c.stream).data_ptr() if launch["needs_counter"]
+                      else 0),
+        "trace_ptr": PerCall("trace") if c.trace else 0,
+        "cu_seqlens_q": PerCall("cu_seqlens_q") if c.varlen else 0,
+        "cu_seqlens_k": PerCall("cu_seqlens_k") if c.varlen else 0,
+        "varlen": int(c.varlen),
+        "window_left": c.window_left if c.window_left >= 0 else unbounded,
+        "window_right": c.window_right if c.window_right >= 0 else unbounded,
+        # ABI 3 names (no split, no packed GQA, no seqused): the values of a plain launch.
+        "seq_mode": int(c.varlen), "q_ptr": PerCall("q"), "oacc_ptr": 0, "lseacc_ptr": 0,
+        "seqused_q": 0, "seqused_k": 0, "num_splits": 1, "acc_rows": 0,
+        "q_stride_s": c.q[1][1], "q_stride_h": c.q[1][2],
+        "q_stride_b": 0 if c.varlen else c.q[1][0],
+    }
+    grid = (grid_size(launch["grid"], num_tiles, num_sms(c.device)), 1, 1)
+    return CallPlan(out_shape, lse_shape, _LAUNCH, (KernelLaunch(name, rec, grid, values),))
+
+
+class _Entry:
+    """A prepared call (one memo entry of one thread): the allocations and the launchers."""
+
+    __slots__ = ("call", "out_shape", "lse_shape", "dtype", "device", "mode", "launchers",
+                 "varlen", "total_q", "total_k", "max_q", "max_k")
+
+    def run(self, qp, kp, vp, out, cu_q, cu_k, trace):
+        if out is None:
+            out = _empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = _empty(self.lse_shape, dtype=_float32, device=self.device)
+        if self.mode:
+            if self.mode == _ZERO_FILL:
+                out.zero_()
+                lse.fill_(-math.inf)
+            return out, lse
+        if self.varlen:
+            if _check_varlen_always and not _capturing():
+                check_varlen(cu_q, cu_k, self.max_q, self.max_k, self.total_q, self.total_k)
+            addrs = (qp, kp, vp, out.data_ptr(), lse.data_ptr(), cu_q.data_ptr(),
+                     cu_k.data_ptr(), 0 if trace is None else trace.data_ptr())
+        else:
+            addrs = (qp, kp, vp, out.data_ptr(), lse.data_ptr(), 0, 0,
+                     0 if trace is None else trace.data_ptr())
+        for launcher in self.launchers:
+            launcher(addrs)
+        return out, lse
+
+
+def _build_entry(c: Call, q4, k4, v4, max_q, max_k) -> _Entry:
+    plan = derive_launches(c)
+    e = _Entry()
+    e.call = c
+    e.out_shape, e.lse_shape, e.mode = plan.out_shape, plan.lse_shape, plan.mode
+    e.dtype, e.device, e.varlen = c.dtype, c.device, c.varlen
+    e.total_q, e.total_k, e.max_q, e.max_k = c.q[0][1], c.k[0][1], max_q, max_k
+    views = {name: TensorView(tuple(t.shape), t.stride(), c.elem_bytes, t.data_ptr(), name)
+             for name, t in (("q", q4), ("k", k4), ("v", v4))}
+    launchers = []
+    for kl in plan.launches:
+        launch = kl.record["launch"]
+        kernel = runtime.get_kernel(c.device.index, kl.name,
+                                    load_manifest().cubin_bytes(kl.name), kl.record)
+        template = runtime.launch_plan(kl.name, launch["params"]).template(kl.values, views)
+        launchers.append(runtime.Launcher(kernel, template, SLOTS, kl.grid, launch["block"],
+                                          launch["dynamic_smem_bytes"], c.stream,
+                                          launch.get("cluster")))
+    e.launchers = tuple(launchers)
+    return e
+
+
+# ------------------------------------------------------------------------------ the call path
+def _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, softcap, out,
+         trace, device):
+    """What a launch depends on, less the addresses (the memo key). ``causal`` and ``softcap``
+    carry their type, so that 1 and True (or 0 and False) are not the same call: a key is
+    only ever stored after its call passed the full validation."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+            q.dtype, k.dtype, v.dtype, device, k.device, v.device, _raw_stream(device.index),
+            causal, causal.__class__, scale, wl, wr, scheduler, softcap, softcap.__class__,
+            None if cu_q is None and cu_k is None else (
+                cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device,
+                cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device,
+                max_q, max_q.__class__, max_k, max_k.__class__),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            None if trace is None else (trace.shape, trace.dtype, trace.device))
+
+
+def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
+          trace):
+    """Eager call: memo lookup, per-call checks, launch. Arguments as ``attention``'s."""
+    e = None
+    try:
+        device = q.device
+        if device.type == _DEVICE_TYPE and (cu_q is not None or cu_k is not None
+                                             or (max_q is None and max_k is None)):
+            if window is _NO_WINDOW:
+                wl = wr = -1
+            else:
+                local, wl, wr = _window(window, causal)
+                if not local:
+                    wl = wr = -1
+            e = _tls.memo.get(_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
+                                   scheduler, softcap, out, trace, device))
+    except Exception:  # noqa: BLE001 - whatever it is, _prepare names it
+        e = None
+    if e is None:
+        e = _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler,
+                     softcap, out, trace)
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if (qp | kp | vp) & 15 or (out is not None and out.data_ptr() & 15):
+        _validate(q, k, v, scale, causal, cu_q is not None, softcap)  # raises, naming it
+        _check_out(out, q)
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise _forward_only()
+    return e.run(qp, kp, vp, out, cu_q, cu_k, trace)
+
+
+def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
+             trace) -> _Entry:
+    """Memo miss: validate everything (in the order the error messages are documented and
+    tested), derive the launches, store the entry under the call's key."""
+    varlen = cu_q is not None or cu_k is not None
+    _validate(q, k, v, scale, causal, varlen, softcap)
+    if varlen:
+        _validate_varlen(q, k, cu_q, cu_k, max_q, max_k)
+    elif max_q is not None or max_k is not None:
+        raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
+    local, left, right = _window(window, causal)
+    resolve_scheduler(scheduler)  # validate the name before any GPU work
+    if q.device.type != _DEVICE_TYPE:
+        raise ValueError(f"q, k, v must be CUDA tensors; got device {q.device}")
+    _check_out(out, q)
+    if trace is not None and not (isinstance(trace, torch.Tensor) and trace.device == q.device
+                                  and trace.dtype == torch.int64):
+        raise ValueError("_trace must be an int64 tensor on q's device")
+    wl, wr = (left, right) if local else (-1, -1)
+    device = q.device
+    key = _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, softcap,
+               out, trace, device)
+    memo = _tls.memo
+    e = memo.get(key)
+    if e is not None:
+        return e
+    if varlen:
+        q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        b, sq, sk = cu_q.numel() - 1, max_q, max_k
+    else:
+        q4, k4, v4 = q, k, v
+        b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    h, d = q.shape[-2:]
+    if out is not None:
+        o4 = out.unsqueeze(0) if varlen else out
+        out_view = (tuple(o4.shape), o4.stride())
+    else:
+        out_view = (tuple(q4.shape), _contiguous_strides(tuple(q4.shape)))
+    c = Call(device=device, stream=key[12], dtype=q.dtype, elem_bytes=q.element_size(),
+             q=(tuple(q4.shape), q4.stride()), k=(tuple(k4.shape), k4.stride()),
+             v=(tuple(v4.shape), v4.stride()), out=out_view, varlen=varlen, batch=b,
+             seqlen_q=sq, seqlen_k=sk, heads=h, heads_k=k.shape[-2], head_dim=d,
+             causal=causal and not local, local=local, window_left=wl, window_right=wr,
+             softmax_scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
+             softcap=float(softcap), scheduler=scheduler, trace=trace is not None)
+    e = _build_entry(c, q4, k4, v4, max_q, max_k)
+    if len(memo) >= MEMO_SIZE:
+        del memo[next(iter(memo))]
+    memo[key] = e
+    return e
+
+
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
-              return_lse: bool = False, scheduler: str = "auto", *, window_size=(-1, -1),
+              return_lse: bool = False, scheduler: str = "auto", *, window_size=_NO_WINDOW,
               softcap: float = 0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, out=None, _trace=None, _variant: str = ""):
-    """Attention forward (FlashAttention argument names and conventions).
+              max_seqlen_k=None, out=None, _trace=None):
+    """Attention forward (FlashAttention argument names and conventions). Forward only.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_k, head_dim), heads a
     multiple of heads_k (GQA/MQA); bf16 or fp16 on a CUDA device. Variable-length batches:
     q (total_q, heads, d), k/v (total_k, heads_k, d) packed, with int32 ``cu_seqlens_q/k``
-    (batch + 1 offsets, on the device) and ``max_seqlen_q/k``.
+    (batch + 1 offsets, on the device) and ``max_seqlen_q/k``; the offsets' values are not
+    checked on the host (no sync): :func:`check_varlen` does, on demand.
 
     Returns the output (q's shape and dtype) and with ``return_lse=True`` also the fp32
     log-sum-exp, (batch, heads, seqlen_q) or (heads, total_q) for varlen.
@@ -218,8 +590,21 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     scores as softcap * tanh(scale * q.k / softcap) before the softmax (0 = off; the LSE is of the
     capped scores). Rows that see no key give
     output 0 and LSE -inf. ``out``: optional preallocated output (q's shape, dtype, device,
-    16-byte aligned strides)."""
-    import torch
+    16-byte aligned strides). Raises ``NotImplementedError`` when grad mode is on and q, k or v
+    requires grad (there is no backward)."""
+    if _is_compiling():
+        o, lse = _traced(q, k, v, causal, softmax_scale, scheduler, window_size, softcap,
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, _trace)
+    else:
+        o, lse = _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                       softmax_scale, window_size, scheduler, softcap, out, _trace)
+    return (o, lse) if return_lse else o
+
+
+def _traced(q, k, v, causal, softmax_scale, scheduler, window_size, softcap, cu_seqlens_q,
+            cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, trace):
+    """Under torch.compile: validate (traced once per guard set) and call the
+    ``torch.ops.fa4_aot.fwd`` op (fa4_aot/ops.py), which dynamo can trace."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     _validate(q, k, v, softmax_scale, causal, varlen, softcap)
     if varlen:
@@ -227,97 +612,28 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     elif max_seqlen_q is not None or max_seqlen_k is not None:
         raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
     local, left, right = _window(window_size, causal)
-    resolve_scheduler(scheduler)  # validate the name before any GPU work
+    resolve_scheduler(scheduler)
     if q.device.type != "cuda":
         raise ValueError(f"q, k, v must be CUDA tensors; got device {q.device}")
-    if out is not None and not (
-            isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-            and out.device == q.device and out.stride(-1) == 1
-            and all(out.stride(i) % 8 == 0 for i in range(out.dim() - 1))
-            and (torch.compiler.is_compiling() or out.data_ptr() % 16 == 0)):
-        raise ValueError("out must be a tensor with q's shape, dtype and device, a contiguous last "
-                         "dim and 16-byte aligned strides and data pointer; got "
-                         f"{getattr(out, 'shape', out)!r}")
-    if torch.compiler.is_compiling() and out is None and _trace is None and not _variant:
-        # Under torch.compile: the torch.library op (fa4_aot/ops.py), which dynamo can trace.
-        # Eager calls go straight to forward(): the op's dispatch costs ~25 us a call and
-        # its first call imports torch._dynamo (seconds).
-        o, lse = torch.ops.fa4_aot.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                       max_seqlen_q or 0, max_seqlen_k or 0, causal,
-                                       softmax_scale, left if local else -1,
-                                       right if local else -1, scheduler, float(softcap))
-    else:
-        o, lse = forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         causal, softmax_scale, left if local else -1, right if local else -1,
-                         scheduler, float(softcap), out=out, trace=_trace, variant=_variant)
-    return (o, lse) if return_lse else o
+    _check_out(out, q)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise _forward_only()
+    if out is None and trace is None:
+        return torch.ops.fa4_aot.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0,
+                                     max_seqlen_k or 0, causal, softmax_scale,
+                                     left if local else -1, right if local else -1, scheduler,
+                                     float(softcap))
+    return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 softmax_scale, window_size, scheduler, softcap, out, trace)
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-            softmax_scale, window_left, window_right, scheduler, softcap=0.0, out=None, trace=None,
-            variant=""):
-    """Validated arguments -> kernel launch on the current stream. Returns (out, lse)."""
-    import torch
-    varlen = cu_seqlens_q is not None
-    local = window_left >= 0 or window_right >= 0
-    if varlen:
-        h, d = q.shape[1:]
-        hk = k.shape[1]
-        b = cu_seqlens_q.numel() - 1
-        sq, sk = max_seqlen_q, max_seqlen_k
-        lse = torch.empty((h, q.shape[0]), dtype=torch.float32, device=q.device)
-        q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    else:
-        b, sq, h, d = q.shape
-        sk, hk = k.shape[1], k.shape[2]
-        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-        q4, k4, v4 = q, k, v
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if q.numel() == 0:
-        return out, lse
-    if k.numel() == 0:
-        out.zero_()
-        lse.fill_(-math.inf)
-        return out, lse
-
-    # A window is its own kernel (causal windows are local with window_right = 0).
-    name, rec = select_kernel(q.device, q.dtype, d, causal and not local, scheduler,
-                              trace is not None, variant, local, softcap > 0)
-    launch = rec["launch"]
-    if (varlen or local) and not any(p["name"] == "varlen" for p in launch["params"]):
-        raise ValueError(f"varlen and window_size are not supported by the {rec['arch']} kernels")
-    kernel = runtime.get_kernel(q.device.index, name, load_manifest().cubin_bytes(name), rec)
-
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    num_m_blocks = -(-sq // launch["tile"]["m"])
-    num_tiles = num_m_blocks * h * b
-    if num_tiles == 0:
-        return out, lse
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    unbounded = sq + sk  # a window side of -1: wider than any row can see
-    out4 = out.unsqueeze(0) if varlen else out
-    values = {
-        "seqlen_q": sq, "seqlen_k": sk, "num_heads": h, "num_heads_k": hk, "batch": b,
-        "q_rows": q4.shape[1], "k_rows": k4.shape[1], "tma_batch": q4.shape[0],
-        "qhead_per_kvhead": h // hk, "num_m_blocks": num_m_blocks,
-        "section": _section(h, b, sk, d, q.element_size(), h // hk),
-        "num_tiles": num_tiles,
-        **softmax_scalars(scale, softcap),
-        "o_ptr": out.data_ptr(), "o_stride_s": out4.stride(1), "o_stride_h": out4.stride(2),
-        "o_stride_b": 0 if varlen else out4.stride(0), "lse_ptr": lse.data_ptr(),
-        "lse_stride_h": lse.stride(0) if varlen else lse.stride(1),
-        "lse_stride_b": 0 if varlen else lse.stride(0),
-        "sched_ptr": _counter(q.device, stream).data_ptr() if launch["needs_counter"] else 0,
-        "trace_ptr": trace.data_ptr() if trace is not None else 0,
-        "cu_seqlens_q": cu_seqlens_q.data_ptr() if varlen else 0,
-        "cu_seqlens_k": cu_seqlens_k.data_ptr() if varlen else 0,
-        "varlen": int(varlen),
-        "window_left": window_left if window_left >= 0 else unbounded,
-        "window_right": window_right if window_right >= 0 else unbounded,
-    }
-    grid = grid_size(launch["grid"], num_tiles, num_sms(q.device))
-    runtime.launch_plan(name, launch["params"]).launch(
-        kernel, (grid, 1, 1), launch["block"], launch["dynamic_smem_bytes"], stream, values,
-        {"q": q4, "k": k4, "v": v4}, launch.get("cluster"))
-    return out, lse
+            softmax_scale, window_left, window_right, scheduler, softcap=0.0):
+    """``torch.ops.fa4_aot.fwd``'s implementation: the op's arguments (max_seqlen 0 without
+    varlen, the window as two ints, -1 = unbounded) to :func:`_call`. Returns (out, lse)."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        max_seqlen_q = max_seqlen_k = None
+    window = (_NO_WINDOW if window_left < 0 and window_right < 0
+              else (window_left, window_right))
+    return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 softmax_scale, window, scheduler, softcap, None, None)

@@ -1,27 +1,29 @@
-"""``torch.ops.fa4_aot.fwd``: the forward as a torch.library custom op with a fake (meta)
+"""``torch.ops.fa4_aot.fwd``: the forward as a torch operator with a fake (meta)
 implementation, so ``torch.compile(fullgraph=True)`` traces models that call
-:func:`fa4_aot.attention` and CUDA graphs capture it like any other op."""
+:func:`fa4_aot.attention` and CUDA graphs capture it like any other op.
+
+Defined with ``torch.library.Library`` (schema, CUDA kernel, fake) rather than
+``torch.library.custom_op``: the latter wraps every call in Python autograd and aliasing
+checks (~6 us of host time a call); this op has no backward, and :func:`fa4_aot.interface.forward`
+raises when grad mode is on and an input requires grad."""
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
 from .interface import forward
 
+SCHEMA = ("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+          "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float? softmax_scale, "
+          "SymInt window_left, SymInt window_right, str scheduler, float softcap) "
+          "-> (Tensor, Tensor)")
 
-@torch.library.custom_op("fa4_aot::fwd", mutates_args=(), device_types="cuda")
-def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
-        max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: Optional[float],
-        window_left: int, window_right: int, scheduler: str,
-        softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                   softmax_scale, window_left, window_right, scheduler, softcap)
+_lib = torch.library.Library("fa4_aot", "DEF")  # kept alive: the registrations live with it
+_lib.define(SCHEMA)
+_lib.impl("fwd", forward, "CUDA")
 
 
-@fwd.register_fake
+@torch.library.register_fake("fa4_aot::fwd", lib=_lib)
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
       window_left, window_right, scheduler, softcap):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -1,12 +1,27 @@
 """Loading cubins and launching them through cuda-python (cuda.bindings.driver).
 
-Generic over the manifest's launch record (``fa4_aot/abi.py``): a :class:`LaunchPlan` per
-kernel packs the parameters into one host buffer and calls ``cuLaunchKernelEx`` on the
-caller's stream. Nothing here knows
-what the kernel computes.
+Generic over the manifest's launch record (``fa4_aot/abi.py``). Two layers:
 
-Imports ``cuda.bindings`` lazily, on the first launch, so ``import fa4_aot`` stays cheap and
-works on machines without CUDA.
+* :class:`LaunchPlan` (one per kernel record) lays the parameters out in one host buffer
+  (64-byte aligned slots) and turns a dict of launch values into the bytes of that buffer:
+  :meth:`LaunchPlan.pack` packs everything (the reference, used by :func:`pack_params`), and
+  :meth:`LaunchPlan.template` packs everything that does not change from call to call and
+  returns where the per-call addresses go (:class:`Template`).
+* :class:`Launcher` (one per memoized call site and thread, built by ``fa4_aot.interface``) holds
+  a template in its own parameter buffer, the parameter-pointer array and the
+  ``CUlaunchConfig``; a call writes the 8-byte addresses of that call's tensors into the buffer
+  and calls ``cuLaunchKernelEx`` on the caller's stream. The driver copies the parameters when
+  ``cuLaunchKernelEx`` is called, so the next call may overwrite the buffer.
+
+TMA descriptors (``CUtensorMap``, 128 opaque bytes) are encoded once per (shape, strides,
+settings) with ``cuTensorMapEncodeTiled``; only their global-address field changes per call. The
+position of that field is not assumed: :func:`tensormap_template` encodes the same descriptor at
+two addresses and accepts the layout only if the two images differ exactly in one 8-byte
+little-endian field that holds the address (:func:`address_field`). Otherwise the descriptor is
+re-encoded per address (:func:`tensormap_image`, LRU-cached), as before.
+
+Nothing here knows what the kernel computes. Imports ``cuda.bindings`` lazily, on the first
+launch, so ``import fa4_aot`` stays cheap and works on machines without CUDA.
 """
 
 from __future__ import annotations
@@ -15,6 +30,7 @@ import ctypes
 import struct
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
 
 from .abi import AXES
 
@@ -37,10 +53,12 @@ def _driver():
 
 def _check(result, what: str):
     err, *rest = result if isinstance(result, tuple) else (result,)
-    drv = _driver()
-    if err != drv.CUresult.CUDA_SUCCESS:
+    if err:  # CUresult is an int enum; CUDA_SUCCESS == 0
+        drv = _driver()
         _, msg = drv.cuGetErrorString(err)
-        raise CudaError(f"{what} failed: {err.name}: {msg.decode() if msg else ''}")
+        name = getattr(err, "name", str(err))
+        raise CudaError(f"{what} failed: {name}: "
+                        f"{msg.decode() if isinstance(msg, bytes) else (msg or '')}")
     return rest[0] if len(rest) == 1 else rest
 
 
@@ -65,6 +83,7 @@ def get_kernel(device_index: int, name: str, cubin: bytes, record: dict):
         return kernel
 
 
+# ------------------------------------------------------------------------------ TMA descriptors
 _TMA_DTYPE = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
 _SWIZZLE = {"128B": "CU_TENSOR_MAP_SWIZZLE_128B", "64B": "CU_TENSOR_MAP_SWIZZLE_64B",
             "32B": "CU_TENSOR_MAP_SWIZZLE_32B", "none": "CU_TENSOR_MAP_SWIZZLE_NONE"}
@@ -73,33 +92,34 @@ _L2 = {"none": "CU_TENSOR_MAP_L2_PROMOTION_NONE", "64B": "CU_TENSOR_MAP_L2_PROMO
 _OOB = {"zero": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
         "nan": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA"}
 
-
+TMAP_BYTES = 128
+# A second address for the layout probe: the first one with bits 4..46 flipped in a pattern
+# (stays 16-byte aligned, differs from it in every byte of the low six).
+_PROBE_XOR = 0x5A5A_5A5A_5A50
 _TMAP_CACHE_SIZE = 1024
-_tmap_cache: "OrderedDict[tuple, bytes]" = OrderedDict()
+_tmap_cache: "OrderedDict[tuple, bytes]" = OrderedDict()  # full images, per address (fallback)
+_templates: dict = {}  # settings key -> (image, address field offset or None)
 
 
-def tensormap_bytes(param: dict, tensor) -> bytes:
-    """Encode the CUtensorMap a ``tensormap`` parameter describes, for a (b, s, h, d) tensor.
-
-    Cached (LRU) on everything the descriptor depends on — address, dims, strides, dtype and
-    the record's box/swizzle/L2/OOB settings — because steady-state callers (benchmarks,
-    serving loops with a caching allocator) pass the same buffers again and again and an
-    encode through cuda-python costs tens of microseconds."""
+def tma_view(param: dict, shape, stride, elem_bytes: int) -> tuple:
+    """(dims, byte strides) of the descriptor a ``tensormap`` parameter describes, for a
+    (b, s, h, d) tensor of this shape and element stride."""
     axes = [AXES[d] for d in param["dims"]]
-    elem = tensor.element_size()
-    dims = tuple(tensor.shape[a] for a in axes)
-    strides = tuple(tensor.stride(a) * elem for a in axes[1:])
-    key = (tensor.data_ptr(), dims, strides, param["dtype"], tuple(param["box"]),
-           param["swizzle"], param["l2_promotion"], param["oob_fill"])
-    with _lock:
-        hit = _tmap_cache.get(key)
-        if hit is not None:
-            _tmap_cache.move_to_end(key)
-            return hit
+    return (tuple(shape[a] for a in axes),
+            tuple(stride[a] * elem_bytes for a in axes[1:]))
+
+
+def _settings_key(param, dims, strides):
+    return (dims, strides, param["dtype"], tuple(param["box"]), param["swizzle"],
+            param["l2_promotion"], param["oob_fill"])
+
+
+def encode_tensormap(param: dict, dims: tuple, strides: tuple, address: int) -> bytes:
+    """One ``cuTensorMapEncodeTiled``: the 128-byte image."""
     drv = _driver()
     tmap = _check(drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, _TMA_DTYPE[param["dtype"]]),
-        len(dims), tensor.data_ptr(),
+        len(dims), address,
         [drv.cuuint64_t(x) for x in dims], [drv.cuuint64_t(x) for x in strides],
         [drv.cuuint32_t(x) for x in param["box"]], [drv.cuuint32_t(1)] * len(dims),
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -107,7 +127,20 @@ def tensormap_bytes(param: dict, tensor) -> bytes:
         getattr(drv.CUtensorMapL2promotion, _L2[param["l2_promotion"]]),
         getattr(drv.CUtensorMapFloatOOBfill, _OOB[param["oob_fill"]]),
     ), f"cuTensorMapEncodeTiled({param['name']})")
-    data = struct.pack("<16Q", *[int(x) for x in tmap.opaque])
+    return struct.pack("<16Q", *[int(x) for x in tmap.opaque])
+
+
+def tensormap_image(param: dict, dims: tuple, strides: tuple, address: int) -> bytes:
+    """The descriptor for one address, LRU-cached on everything it depends on (the fallback
+    when the address field cannot be patched: steady-state callers with a caching allocator
+    pass the same buffers again and again, and an encode costs tens of microseconds)."""
+    key = (address,) + _settings_key(param, dims, strides)
+    with _lock:
+        hit = _tmap_cache.get(key)
+        if hit is not None:
+            _tmap_cache.move_to_end(key)
+            return hit
+    data = encode_tensormap(param, dims, strides, address)
     with _lock:
         _tmap_cache[key] = data
         if len(_tmap_cache) > _TMAP_CACHE_SIZE:
@@ -115,23 +148,95 @@ def tensormap_bytes(param: dict, tensor) -> bytes:
     return data
 
 
+def address_field(image_a: bytes, address_a: int, image_b: bytes, address_b: int):
+    """Byte offset of the global-address field, from two encodes of one descriptor at two
+    addresses: the offset ``o`` (a multiple of 8) where ``image_a[o:o+8]`` is ``address_a`` and
+    ``image_b[o:o+8]`` is ``address_b`` (little endian), every other byte being equal. None when
+    no such field exists (the driver stores the address some other way: re-encode per call)."""
+    if len(image_a) != len(image_b) or address_a == address_b:
+        return None
+    la, lb = address_a.to_bytes(8, "little"), address_b.to_bytes(8, "little")
+    for off in range(0, len(image_a) - 7, 8):
+        if (image_a[off:off + 8] == la and image_b[off:off + 8] == lb
+                and image_a[:off] == image_b[:off] and image_a[off + 8:] == image_b[off + 8:]):
+            return off
+    return None
+
+
+def tensormap_template(param: dict, dims: tuple, strides: tuple, address: int):
+    """(image for ``address``, offset of the address field or None). The first descriptor of
+    each (dims, strides, settings) is encoded twice (at ``address`` and at a probe address) to
+    find the address field; later ones with the same settings only patch it."""
+    key = _settings_key(param, dims, strides)
+    with _lock:
+        hit = _templates.get(key)
+    if hit is None:
+        image = encode_tensormap(param, dims, strides, address)
+        probe = address ^ _PROBE_XOR
+        try:
+            off = address_field(image, address, encode_tensormap(param, dims, strides, probe),
+                                probe)
+        except CudaError:
+            off = None
+        hit = (image, off)
+        with _lock:
+            _templates.setdefault(key, hit)
+            if off is None:  # the fallback re-encodes per address: this one is done
+                _tmap_cache[(address,) + key] = image
+    image, off = hit
+    if off is None:
+        return tensormap_image(param, dims, strides, address), None
+    return image[:off] + address.to_bytes(8, "little") + image[off + 8:], off
+
+
+def tensormap_bytes(param: dict, tensor) -> bytes:
+    """The CUtensorMap a ``tensormap`` parameter describes, for a (b, s, h, d) tensor."""
+    dims, strides = tma_view(param, tensor.shape, tensor.stride(), tensor.element_size())
+    return tensormap_image(param, dims, strides, tensor.data_ptr())
+
+
+# ------------------------------------------------------------------------------ parameters
 _SCALAR_FORMATS = {"ptr": ("<Q", int), "i64": ("<q", int), "i32": ("<i", int), "f32": ("<f", float)}
+
+
+class PerCall(NamedTuple):
+    """A launch value known only at call time: the address of the call's tensor ``slot``
+    (e.g. ``PerCall("out")`` for ``o_ptr``). Only ``ptr`` parameters take one."""
+
+    slot: str
+
+
+class TensorView(NamedTuple):
+    """What a ``tensormap`` parameter needs of a tensor: its 4-D (b, s, h, d) shape and element
+    strides, element size, the address it has now, and its per-call slot."""
+
+    shape: tuple
+    stride: tuple
+    elem_bytes: int
+    address: int
+    slot: str
+
+
+class Template(NamedTuple):
+    """A parameter buffer with everything but the per-call addresses filled in."""
+
+    image: bytes
+    offsets: tuple  # byte offset of each parameter
+    ptr_patches: tuple  # (byte offset, slot): 8-byte addresses written per call
+    tmap_patches: tuple  # (byte offset, param, dims, strides, slot): re-encoded per call
 
 
 class LaunchPlan:
     """How one kernel's parameters are laid out and packed, worked out once per launch record.
 
-    Every parameter gets a 64-byte aligned slot in one host buffer; scalars and int tuples are
-    written with precompiled ``struct.Struct`` objects, TMA descriptors copied in from the
-    descriptor cache, ``static`` placeholders stay zero. The buffer, the array of parameter
-    pointers into it and the ``CUlaunchConfig`` objects are kept per thread and reused: the
-    driver copies the parameter values when ``cuLaunchKernelEx`` is called, so the next call
-    may overwrite them."""
+    Every parameter gets a 64-byte aligned slot in one buffer; scalars and int tuples are
+    written with precompiled ``struct.Struct`` objects, TMA descriptors come from the
+    descriptor encoder, ``static`` placeholders stay zero."""
 
     def __init__(self, params: list[dict]):
         self.params = params
         self.offsets, pos = [], 0
-        self.fields = []  # (offset, Struct, value names, cast) for scalars and tuples
+        self.fields = []  # (offset, Struct, value names, cast, kind) for scalars and tuples
         self.tensormaps = []  # (offset, param)
         for p in params:
             pos = (pos + 63) & ~63
@@ -139,15 +244,15 @@ class LaunchPlan:
             kind = p["kind"]
             if kind == "tensormap":
                 self.tensormaps.append((pos, p))
-                size = 128
+                size = TMAP_BYTES
             elif kind == "i32_tuple":
                 st = struct.Struct(f"<{len(p['values'])}i")
-                self.fields.append((pos, st, tuple(p["values"]), int))
+                self.fields.append((pos, st, tuple(p["values"]), int, kind))
                 size = st.size
             elif kind in _SCALAR_FORMATS:
                 fmt, cast = _SCALAR_FORMATS[kind]
                 st = struct.Struct(fmt)
-                self.fields.append((pos, st, (p["value"],), cast))
+                self.fields.append((pos, st, (p["value"],), cast, kind))
                 size = st.size
             elif kind == "static":
                 size = p["size"]
@@ -156,42 +261,41 @@ class LaunchPlan:
             if size != p["size"]:
                 raise ValueError(f"parameter {p['name']}: packed {size} bytes, record says {p['size']}")
             pos += size
-        self.size = pos
-        self._local = threading.local()
-
-    def _state(self):
-        st = getattr(self._local, "state", None)
-        if st is None:
-            raw = ctypes.create_string_buffer(self.size + 64)  # zeroed: static params stay 0
-            base = (ctypes.addressof(raw) + 63) & ~63
-            buf = (ctypes.c_char * self.size).from_address(base)
-            ptrs = (ctypes.c_void_p * len(self.offsets))(*[base + o for o in self.offsets])
-            st = self._local.state = (raw, buf, ptrs, {})
-        return st
+        self.size = (pos + 7) & ~7
 
     def pack(self, values: dict, tensors: dict):
-        """Write every parameter into this thread's buffer; returns the buffer."""
-        _, buf, _, _ = self._state()
-        for off, st, names, cast in self.fields:
+        """Every parameter, packed into a fresh zeroed buffer (``tensors``: the (b, s, h, d)
+        tensors the descriptors describe). The reference packer."""
+        buf = (ctypes.c_char * self.size)()
+        for off, st, names, cast, _ in self.fields:
             st.pack_into(buf, off, *[cast(values[n]) for n in names])
         for off, p in self.tensormaps:
-            buf[off:off + 128] = tensormap_bytes(p, tensors[p["tensor"]])
+            buf[off:off + TMAP_BYTES] = tensormap_bytes(p, tensors[p["tensor"]])
         return buf
 
-    def launch(self, kernel, grid: tuple, block: list, smem: int, stream_handle: int,
-               values: dict, tensors: dict, cluster: list | None = None):
-        """Pack and ``cuLaunchKernelEx`` on the given stream."""
-        self.pack(values, tensors)
-        _, _, ptrs, configs = self._state()
-        key = (int(kernel), tuple(grid), tuple(block), smem, stream_handle,
-               tuple(cluster or (1, 1, 1)))
-        hit = configs.get(key)
-        if hit is None:
-            if len(configs) > 64:
-                configs.clear()
-            hit = configs[key] = _launch_config(kernel, grid, block, smem, stream_handle, cluster)
-        cfg, func = hit
-        _check(_driver().cuLaunchKernelEx(cfg, func, ctypes.addressof(ptrs), 0), "cuLaunchKernelEx")
+    def template(self, values: dict, views: dict) -> Template:
+        """The constant part of the buffer; ``ptr`` values may be :class:`PerCall` (written per
+        call), ``views`` maps each descriptor's tensor to a :class:`TensorView`."""
+        buf = bytearray(self.size)
+        ptr_patches, tmap_patches = [], []
+        for off, st, names, cast, kind in self.fields:
+            vals = [values[n] for n in names]
+            if kind == "ptr" and isinstance(vals[0], PerCall):
+                ptr_patches.append((off, vals[0].slot))
+                continue
+            if any(isinstance(x, PerCall) for x in vals):
+                raise ValueError(f"{names}: only pointer parameters take a per-call value")
+            st.pack_into(buf, off, *[cast(x) for x in vals])
+        for off, p in self.tensormaps:
+            tv = views[p["tensor"]]
+            dims, strides = tma_view(p, tv.shape, tv.stride, tv.elem_bytes)
+            image, field = tensormap_template(p, dims, strides, tv.address)
+            buf[off:off + TMAP_BYTES] = image
+            if field is not None:
+                ptr_patches.append((off + field, tv.slot))
+            else:
+                tmap_patches.append((off, p, dims, strides, tv.slot))
+        return Template(bytes(buf), tuple(self.offsets), tuple(ptr_patches), tuple(tmap_patches))
 
 
 _plans: dict = {}
@@ -206,14 +310,57 @@ def launch_plan(name: str, params: list[dict]) -> LaunchPlan:
 
 
 def pack_params(params: list[dict], values: dict, tensors: dict) -> list[bytes]:
-    """One bytes object per kernel parameter, each exactly ``size`` bytes (what
-    :class:`LaunchPlan` writes into its buffer, sliced per parameter).
+    """One bytes object per kernel parameter, each exactly ``size`` bytes.
 
     Pure function of the record and the values (no GPU work except ``tensormap`` encoding),
     so it is tested on the CPU against the PTX entry signatures."""
     plan = LaunchPlan(params)
     buf = plan.pack(values, tensors)
     return [bytes(buf[off:off + p["size"]]) for off, p in zip(plan.offsets, params)]
+
+
+# ------------------------------------------------------------------------------ launching
+class Launcher:
+    """One kernel launch of a memoized call site, for one thread: the template in its own
+    64-byte aligned parameter buffer, the parameter-pointer array, the ``CUlaunchConfig`` (grid,
+    block, shared memory, stream, cluster) and the list of 8-byte slots to fill per call.
+    ``slots`` names the per-call addresses in the order :meth:`__call__` receives them."""
+
+    __slots__ = ("_raw", "buf", "u64", "ptrs", "params", "cfg", "func", "launch", "patches",
+                 "tmaps", "template")
+
+    def __init__(self, kernel, template: Template, slots: tuple, grid: tuple, block,
+                 smem: int, stream_handle: int, cluster=None):
+        size = len(template.image)
+        self._raw = ctypes.create_string_buffer(size + 64)
+        base = (ctypes.addressof(self._raw) + 63) & ~63
+        ctypes.memmove(base, template.image, size)
+        self.buf = (ctypes.c_char * size).from_address(base)
+        self.u64 = (ctypes.c_uint64 * (size // 8)).from_address(base)
+        index = {s: i for i, s in enumerate(slots)}
+        for off, _ in template.ptr_patches:
+            if off % 8:
+                raise ValueError(f"per-call address at byte {off} is not 8-byte aligned")
+        self.patches = tuple((off // 8, index[s]) for off, s in template.ptr_patches)
+        self.tmaps = tuple((off, p, dims, strides, index[s])
+                           for off, p, dims, strides, s in template.tmap_patches)
+        self.ptrs = (ctypes.c_void_p * len(template.offsets))(
+            *[base + o for o in template.offsets])
+        self.params = ctypes.addressof(self.ptrs)
+        self.cfg, self.func = _launch_config(kernel, grid, block, smem, stream_handle, cluster)
+        self.launch = _driver().cuLaunchKernelEx
+        self.template = template
+
+    def __call__(self, addresses):
+        """Write this call's addresses (indexed like ``slots``) and launch."""
+        u64 = self.u64
+        for i, s in self.patches:
+            u64[i] = addresses[s]
+        for off, p, dims, strides, s in self.tmaps:
+            self.buf[off:off + TMAP_BYTES] = tensormap_image(p, dims, strides, addresses[s])
+        err = self.launch(self.cfg, self.func, self.params, 0)[0]
+        if err:
+            _check((err,), "cuLaunchKernelEx")
 
 
 def _launch_config(kernel, grid, block, smem, stream_handle, cluster):

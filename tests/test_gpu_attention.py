@@ -289,3 +289,148 @@ def test_trace_capture():
         assert tr[:, 0].max().item() < meta["num_sms"]
         assert torch.equal(out, fa4_aot.attention(q, q, q, causal=True, scheduler=sched))
 
+
+
+# ----------------------------------------------------------------------------- host path (issue 16)
+
+
+def test_tma_descriptor_address_field_on_the_driver():
+    """The CUtensorMap layout the runtime patches: the same descriptor encoded at two real
+    addresses differs in exactly one 8-byte field holding the address; the cached image with a
+    third address written there is byte for byte what the driver encodes for it."""
+    from fa4_aot import runtime
+    from fa4_aot.manifest import load_manifest
+    _, rec = load_manifest().find("sm_90a", "bf16", 128, False, "single")
+    p = rec["launch"]["params"][0]
+    assert p["kind"] == "tensormap"
+    bufs = [torch.empty(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    views = [runtime.tma_view(p, b.shape, b.stride(), 2) for b in bufs]
+    assert views[0] == views[1] == views[2]
+    dims, strides = views[0]
+    a0, a1, a2 = (b.data_ptr() for b in bufs)
+    img0 = runtime.encode_tensormap(p, dims, strides, a0)
+    img1 = runtime.encode_tensormap(p, dims, strides, a1)
+    off = runtime.address_field(img0, a0, img1, a1)
+    assert off is not None, "the driver's descriptor does not hold the raw address in 8 bytes"
+    diff = [i for i in range(128) if img0[i] != img1[i]]
+    assert diff and off <= min(diff) and max(diff) < off + 8
+    patched = img0[:off] + a2.to_bytes(8, "little") + img0[off + 8:]
+    assert patched == runtime.encode_tensormap(p, dims, strides, a2)
+    image, field = runtime.tensormap_template(p, dims, strides, a2)
+    assert field == off and image == patched
+
+
+def test_patched_descriptors_follow_the_tensors():
+    """Many calls of one shape, each on freshly allocated (differently placed) tensors: every
+    output matches the reference for its own inputs (a stale descriptor address would read
+    another call's tensors)."""
+    from fa4_aot import interface
+    keep = []
+    for i in range(6):
+        keep.append(torch.empty(i * 4096 + 16, device="cuda", dtype=torch.bfloat16))  # shift
+        q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        out = fa4_aot.attention(q, k, v, causal=True)
+        ref, _ = attention_ref(q, k, v, causal=True)
+        ref_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+        check_close(out, ref, ref_pt, what=f"call {i}")
+    entries = [e for e in interface._tls.memo.values()
+               if e.call.q[0] == (2, 300, 4, 64) and e.call.causal]
+    assert len(entries) == 1
+    assert all(not lc.tmaps for lc in entries[0].launchers), "descriptors re-encoded per call"
+
+
+def test_varlen_no_host_sync():
+    """Varlen calls (first call of the shape and later ones) under sync debug mode 'error':
+    no device->host copy, no synchronisation on the call path."""
+    cu = [0, 300, 301, 1200, 1337]
+    q = torch.randn(cu[-1], 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(cu[-1], 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    outs = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for causal in (True, False, True):
+            outs.append(fa4_aot.attention(q, k, v, causal=causal, cu_seqlens_q=t,
+                                          cu_seqlens_k=t, max_seqlen_q=899, max_seqlen_k=899))
+        outs.append(torch.ops.fa4_aot.fwd(q, k, v, t, t, 899, 899, True, None, -1, -1, "auto",
+                                          0.0)[0])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref, _, ref_pt = _varlen_ref(q, k, v, cu, cu, True)
+    check_close(outs[0], ref, ref_pt)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], outs[3])
+    ref, _, ref_pt = _varlen_ref(q, k, v, cu, cu, False)
+    check_close(outs[1], ref, ref_pt)
+
+
+def test_check_varlen_on_the_device():
+    t = torch.tensor([0, 300, 301, 1200], dtype=torch.int32, device="cuda")
+    fa4_aot.check_varlen(t, t, 899, 899, total_q=1200, total_k=1200)
+    bad = torch.tensor([0, 300, 200, 1200], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="cu_seqlens_k decreases at index 2"):
+        fa4_aot.check_varlen(t, bad, 899, 899, total_q=1200, total_k=1200)
+    with pytest.raises(ValueError, match="exceeds max_seqlen_q = 800"):
+        fa4_aot.check_varlen(t, t, 800, 899)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] = 1200 exceeds the packed length"):
+        fa4_aot.check_varlen(t, t, 899, 899, total_q=1000)
+
+
+def test_forward_only_is_explicit():
+    q = torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fa4_aot.attention(q, k, k)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        torch.ops.fa4_aot.fwd(q, k, k, None, None, 0, 0, False, None, -1, -1, "auto", 0.0)
+    with torch.no_grad():
+        out = fa4_aot.attention(q, k, k)
+    assert out.grad_fn is None and not out.requires_grad
+
+
+def test_threads_on_their_own_streams():
+    """Threads, each on its own stream, calls interleaved (same shapes: the same memo keys
+    except the stream): every output equals the single-threaded one, bitwise."""
+    import threading
+    inputs = [tuple(torch.randn(2, 500, 4, 128, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(3)) for _ in range(4)]
+    want = [fa4_aot.attention(*x, causal=True) for x in inputs]
+    torch.cuda.synchronize()
+    got, errors = {}, []
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                barrier.wait()
+                outs = [fa4_aot.attention(*inputs[(i + j) % 4], causal=True) for j in range(40)]
+            s.synchronize()
+            got[i] = outs
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for i, outs in got.items():
+        for j, o in enumerate(outs):
+            assert torch.equal(o, want[(i + j) % 4]), (i, j)
+
+
+def test_first_call_of_a_new_shape_is_fast():
+    """A new shape (kernel already loaded): validation, derivation, descriptor encodes."""
+    import time
+    q = torch.randn(3, 777, 4, 64, device="cuda", dtype=torch.bfloat16)
+    fa4_aot.attention(q, q, q)  # loads the kernel
+    torch.cuda.synchronize()
+    q2 = torch.randn(3, 779, 4, 64, device="cuda", dtype=torch.bfloat16)
+    t = time.perf_counter()
+    fa4_aot.attention(q2, q2, q2)
+    torch.cuda.synchronize()
+    assert time.perf_counter() - t < 0.05

@@ -1,0 +1,88 @@
+"""Where the host time of one small fa4_aot call goes (GPU): the whole call, its parts timed
+alone, and a cProfile of the call. Prints a table; no file.
+
+    python bench/host_breakdown.py [--n 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def per_call(fn, n):
+    fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=20000)
+    a = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    import fa4_aot
+    from fa4_aot import interface
+    n = a.n
+    q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    qb, kb, vb = (x.transpose(1, 2) for x in (q, k, v))
+    fa4_aot.attention(q, k, v)
+    (e,) = [x for x in interface._tls.memo.values() if x.call.q[0] == (1, 128, 1, 64)]
+    dev, idx = q.device, q.device.index
+    addrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 0)
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 1, 128, device="cuda")
+    addrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0, 0)
+    launcher = e.launchers[0]
+    rows = [
+        ("fa4_aot.attention (whole call)", lambda: fa4_aot.attention(q, k, v)),
+        ("torch.ops.fa4_aot.fwd (whole call)",
+         lambda: torch.ops.fa4_aot.fwd(q, k, v, None, None, 0, 0, False, None, -1, -1, "auto",
+                                       0.0)),
+        ("sdpa (default dispatch)", lambda: F.scaled_dot_product_attention(qb, kb, vb)),
+        ("  key (_key)", lambda: interface._key(q, k, v, None, None, None, None, False, None,
+                                                -1, -1, "auto", 0.0, None, None, dev)),
+        ("  raw stream", lambda: interface._raw_stream(idx)),
+        ("  torch.empty out", lambda: torch.empty((1, 128, 1, 64), dtype=torch.bfloat16,
+                                                  device=dev)),
+        ("  torch.empty lse", lambda: torch.empty((1, 1, 128), dtype=torch.float32, device=dev)),
+        ("  q.new_empty out", lambda: q.new_empty((1, 128, 1, 64))),
+        ("  torch.empty_like out", lambda: torch.empty_like(q)),
+        ("  3 data_ptr", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr())),
+        ("  launcher (patch + cuLaunchKernelEx)", lambda: launcher(addrs)),
+        ("  is_compiling", interface._is_compiling),
+    ]
+    res = []
+    for name, fn in rows:
+        torch.cuda.synchronize()
+        res.append((name, per_call(fn, n)))
+        torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fa4_aot.attention(q, k, v)
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12)
+    print(s.getvalue())
+    w = max(len(r[0]) for r in res)
+    print(f"host breakdown, 1x128x1x64 bf16, {n} calls each (us per call, host clock, no sync)")
+    for name, us in res:
+        print(f"{name:<{w}}  {us:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
