@@ -7,11 +7,15 @@ are inlined into the calling kernel while it is traced.
 
 Masks and key-block bounds — :class:`BlockInfo` (``block_info.py``)
     ``BlockInfo(tile_m, tile_n, causal, local=False)``; compile-time.
-    ``.n_block_range(m_block, sq, sk, window_left=None, window_right=None) -> (n_min, n_max)``
+    ``.n_block_range(m_block, sq, sk, window_left=None, window_right=None, row_lo=None,
+    row_hi=None) -> (n_min, n_max)``
         the key blocks [n_min, n_max) an m-block visits (causal bottom-right, local window,
-        sequence end).
-    ``.block_needs_mask(col0, row0, sq, sk, window_left=None, window_right=None) -> Boolean``
-        whether key block ``col0`` needs masking for some row of m-block ``row0``.
+        sequence end); ``row_lo``/``row_hi``: the tile's first/last query row when they are not
+        ``m_block * tile_m + [0, tile_m)`` (packed GQA). Split-KV ranges stay in the kernel.
+    ``.block_needs_mask(col0, row0, sq, sk, window_left=None, window_right=None,
+    row_last=None) -> Boolean``
+        whether key block ``col0`` needs masking for some query row of [row0, row_last]
+        (default ``row0 + tile_m - 1``; decode kernels pass their packed rows' range).
     ``.col_limits(row, col_base, sq, sk, window_left=None, window_right=None) -> (lo, hi)``
         column ``col_base + c`` is visible to query ``row`` iff ``lo <= c < hi`` (``lo`` is
         ``NO_LOWER_BOUND`` unless local). sm_90a: ``col_base`` = the thread's first column
@@ -37,9 +41,10 @@ Online softmax (``softmax.py``)
 
 Sequence info (``seqlen.py``)
     ``SeqlenInfo(q_start, k_start, sq, sk, tma_batch)`` (NamedTuple) and
-    ``seqlen_info(batch, seqlen_q, seqlen_k, varlen=None, cu_q_ptr=None, cu_k_ptr=None)``:
-    a batch entry's offsets and lengths (varlen: from ``cu_seqlens``; ``varlen=None``: a
-    kernel without varlen).
+    ``seqlen_info(batch, shape, ptrs=None, totals=None)``: a batch entry's offsets and
+    lengths; ``shape``/``ptrs`` are the launch-ABI groups (``seq_mode`` bits ``SEQ_VARLEN``,
+    ``SEQ_USED_Q``, ``SEQ_USED_K``: cu_seqlens offsets clamped into the packed lengths
+    ``totals``, seqused only shortens); ``ptrs=None``: a kernel without varlen.
 
 Output addressing (``output.py``)
     ``OStrides(s, h, b)`` (NamedTuple of Int64): ``.assume_aligned()`` attaches the runtime's
@@ -54,10 +59,11 @@ Runtime scalars travel in the launch-ABI groups (``fa4_aot.abi``: ``Ptrs``, ``St
 from .block_info import NO_LOWER_BOUND, BlockInfo
 from .mask import mask_row
 from .output import O_STRIDE_DIVBY, OStrides
-from .seqlen import SeqlenInfo, seqlen_info
+from .seqlen import SEQ_USED_K, SEQ_USED_Q, SEQ_VARLEN, SeqlenInfo, seqlen_info
 from .softmax import CHAINS4, TREE, RowView, finalize_row, online_softmax_row, tree_reduce
 
 __all__ = [
-    "BlockInfo", "NO_LOWER_BOUND", "mask_row", "OStrides", "O_STRIDE_DIVBY", "SeqlenInfo", "seqlen_info", "RowView", "tree_reduce", "TREE", "CHAINS4",
-    "online_softmax_row", "finalize_row",
+    "BlockInfo", "NO_LOWER_BOUND", "mask_row", "OStrides", "O_STRIDE_DIVBY", "SeqlenInfo",
+    "seqlen_info", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K", "RowView", "tree_reduce", "TREE",
+    "CHAINS4", "online_softmax_row", "finalize_row",
 ]

@@ -26,29 +26,45 @@ class BlockInfo:
         self.local = local
 
     @cute.jit
-    def n_block_range(self, m_block, sq, sk, window_left=None, window_right=None):
-        """[n_min, n_max): the key blocks m-block ``m_block`` sees (n_max may be 0)."""
+    def n_block_range(self, m_block, sq, sk, window_left=None, window_right=None,
+                      row_lo=None, row_hi=None):
+        """[n_min, n_max): the key blocks m-block ``m_block`` sees (n_max may be 0). The query
+        rows are ``m_block * tile_m`` ... ``+ tile_m - 1`` unless ``row_lo``/``row_hi`` (first
+        and last query row, inclusive) are given: a kernel whose tile rows are not consecutive
+        query rows (packed GQA) passes its own range."""
         hi = sk
         lo = Int32(0)
-        if cutlass.const_expr(self.causal):
-            hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq)
-        if cutlass.const_expr(self.local):
-            hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq + window_right)
-            lo = cutlass.max(Int32(0), m_block * self.tile_m + sk - sq - window_left)
+        if cutlass.const_expr(row_lo is None):
+            if cutlass.const_expr(self.causal):
+                hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq)
+            if cutlass.const_expr(self.local):
+                hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq + window_right)
+                lo = cutlass.max(Int32(0), m_block * self.tile_m + sk - sq - window_left)
+        else:
+            if cutlass.const_expr(self.causal):
+                hi = cutlass.min(sk, row_hi + 1 + sk - sq)
+            if cutlass.const_expr(self.local):
+                hi = cutlass.min(sk, row_hi + 1 + sk - sq + window_right)
+                lo = cutlass.max(Int32(0), row_lo + sk - sq - window_left)
         n_max = cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
         n_min = cutlass.min(lo // self.tile_n, n_max)
         return n_min, n_max
 
     @cute.jit
-    def block_needs_mask(self, col0, row0, sq, sk, window_left=None, window_right=None):
+    def block_needs_mask(self, col0, row0, sq, sk, window_left=None, window_right=None,
+                         row_last=None):
         """Whether key block [col0, col0 + tile_n) crosses the sequence end or a mask edge for
-        some row of [row0, row0 + tile_m)."""
+        some query row of [row0, row_last] (``row_last`` defaults to ``row0 + tile_m - 1``;
+        a kernel whose tile rows are not consecutive query rows passes its own range)."""
         need = col0 + self.tile_n > sk
         if cutlass.const_expr(self.causal):
             need = need or (col0 + self.tile_n > row0 + sk - sq + 1)
         if cutlass.const_expr(self.local):
+            last = row0 + self.tile_m - 1
+            if cutlass.const_expr(row_last is not None):
+                last = row_last
             need = need or (col0 + self.tile_n > row0 + sk - sq + window_right + 1)
-            need = need or (col0 < row0 + self.tile_m - 1 + sk - sq - window_left)
+            need = need or (col0 < last + sk - sq - window_left)
         return need
 
     @cute.jit

@@ -1,4 +1,4 @@
-"""Per-batch-entry sequence lengths and offsets (fixed-length or varlen)."""
+"""Per-batch-entry sequence lengths and offsets (fixed-length, varlen, seqused)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+# Bits of the launch value ``seq_mode`` (fa4_aot/abi.py).
+SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K = 1, 2, 4
 
 
 class SeqlenInfo(NamedTuple):
@@ -22,17 +25,27 @@ class SeqlenInfo(NamedTuple):
 
 
 @cute.jit
-def seqlen_info(batch, seqlen_q, seqlen_k, varlen=None, cu_q_ptr=None, cu_k_ptr=None):
-    """:class:`SeqlenInfo` of batch entry ``batch``. ``varlen`` (runtime Int32, nonzero = packed
-    documents described by the int32 offsets ``cu_q_ptr``/``cu_k_ptr``) may be ``None`` for
-    kernels without varlen support."""
-    q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), seqlen_q, seqlen_k, batch
-    if cutlass.const_expr(varlen is not None):
-        if varlen != 0:
-            cq = cute.make_tensor(cu_q_ptr + batch, cute.make_layout(2))
-            ck = cute.make_tensor(cu_k_ptr + batch, cute.make_layout(2))
-            q_start, k_start = cq[0], ck[0]
-            sq, sk = cq[1] - q_start, ck[1] - k_start
+def seqlen_info(batch, shape, ptrs=None, totals=None):
+    """:class:`SeqlenInfo` of batch entry ``batch``. ``shape``: anything with ``seqlen_q``,
+    ``seqlen_k`` (and, with ``ptrs``, ``seq_mode``); ``ptrs``: anything with ``cu_seqlens_q/k``
+    and ``seqused_q/k`` (``None``: a kernel without varlen, lengths are the launch's);
+    ``totals``: (total_q, total_k), the packed lengths. Offsets from cu_seqlens are clamped
+    into [0, packed length] and lengths to >= 0, whatever the offsets say; seqused_q/k only
+    shorten."""
+    q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), shape.seqlen_q, shape.seqlen_k, batch
+    if cutlass.const_expr(ptrs is not None):
+        if shape.seq_mode & SEQ_VARLEN != 0:
+            cq = cute.make_tensor(ptrs.cu_seqlens_q + batch, cute.make_layout(2))
+            ck = cute.make_tensor(ptrs.cu_seqlens_k + batch, cute.make_layout(2))
+            q_start = cutlass.min(cutlass.max(cq[0], Int32(0)), totals[0])
+            k_start = cutlass.min(cutlass.max(ck[0], Int32(0)), totals[1])
+            sq = cutlass.min(cutlass.max(cq[1], q_start), totals[0]) - q_start
+            sk = cutlass.min(cutlass.max(ck[1], k_start), totals[1]) - k_start
             tma_b = Int32(0)
+        if shape.seq_mode & SEQ_USED_Q != 0:
+            sq = cutlass.min(sq, cutlass.max(cute.make_tensor(
+                ptrs.seqused_q + batch, cute.make_layout(1))[0], Int32(0)))
+        if shape.seq_mode & SEQ_USED_K != 0:
+            sk = cutlass.min(sk, cutlass.max(cute.make_tensor(
+                ptrs.seqused_k + batch, cute.make_layout(1))[0], Int32(0)))
     return SeqlenInfo(q_start, k_start, sq, sk, tma_b)
-

@@ -10,7 +10,7 @@ from cutlass import Float32
 class RowView:
     """Row ``r`` of a (rows, cols) register view, indexable by column number: lets the row
     helpers below work on a wgmma accumulator's ``acc_mn[r, c]`` and on a flat register row
-    alike. Plain Python (it only forwards indices while the kernel is traced)."""
+    alike (it only forwards indices while the kernel is traced)."""
 
     def __init__(self, tensor, r: int):
         self.tensor = tensor
@@ -21,6 +21,13 @@ class RowView:
 
     def __setitem__(self, c, value):
         self.tensor[self.r, c] = value
+
+    # A row written inside a runtime ``if`` is carried through it: flatten to the tensor.
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values(self.tensor)
+
+    def __new_from_mlir_values__(self, values):
+        return RowView(cutlass.new_from_mlir_values(self.tensor, values), self.r)
 
 
 def tree_reduce(op, vals):
