@@ -72,7 +72,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import nvvm as _nvvm
 from cutlass.cute.nvgpu import cpasync, tcgen05
