@@ -59,7 +59,9 @@ def _compile(cfg_dict: dict, out_ptx: str) -> dict:
     from fa4_aot.configs import KernelConfig
 
     cfg = KernelConfig.from_dict(cfg_dict)
-    if cfg.arch == "sm_100a":
+    if cfg.kind == "combine":
+        from fa4_aot.kernels.combine import FlashCombineSm90 as Kernel
+    elif cfg.arch == "sm_100a":
         from fa4_aot.kernels.sm100_fwd import FlashFwdSm100 as Kernel
     else:
         from fa4_aot.kernels.sm90_fwd import FlashFwdSm90 as Kernel
@@ -74,27 +76,15 @@ def _compile(cfg_dict: dict, out_ptx: str) -> dict:
              cute.sym_int64(divisibility=8)),
             assumed_align=16)
 
-    # Host arguments in the order of the kernels' __call__ (fa4_aot/abi.py lists the kernel
-    # parameters they turn into).
-    from fa4_aot.abi import EXTENDED_BY_ARCH
-    ext = EXTENDED_BY_ARCH[cfg.arch]
-    gmem = cute.AddressSpace.gmem
-    args = (
-        fake_qkv(), fake_qkv(), fake_qkv(),
-        make_ptr(dt, 0, gmem, assumed_align=16),
-        make_ptr(Float32, 0, gmem, assumed_align=4),
-        make_ptr(Int32, 0, gmem, assumed_align=4),
-        make_ptr(Int64, 0, gmem, assumed_align=8),
-        *((make_ptr(Int32, 0, gmem, assumed_align=4),) * 2 if ext else ()),
-        Int64(0), Int64(0), Int64(0),
-        *((Int64(0), Int64(0)) if ext else ()),
-        *(Int32(0) for _ in range(7)),
-        *((Int32(0),) * 3 if ext else ()),
-        Float32(0.0), Float32(0.0),
-        *((Float32(0.0),) if ext else ()),
-        Int32(1),
-        make_fake_stream(),
-    )
+    from fa4_aot import abi
+
+    spec = abi.spec_for(cfg)
+    problems = abi.check_signature(spec, Kernel.__call__)
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    args = (*(fake_qkv() for _ in spec.tensors),
+            *fake_groups(spec, dt),
+            make_fake_stream())
     entry = entry_name(cfg)
     Kernel.kernel.set_name_prefix(
         f"{ENTRY_PREFIX}{cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
@@ -112,6 +102,23 @@ def _compile(cfg_dict: dict, out_ptx: str) -> dict:
     Path(out_ptx).write_text(ptx)
     return {"entry": entry, "dynamic_smem_bytes": smem,
             "cutlass_dsl_version": _dsl_version()}
+
+
+def fake_groups(spec, io_dtype):
+    """One NamedTuple of fake values per group of the spec (fa4_aot/abi.py), in order."""
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_ptr
+
+    elems = {"io": io_dtype, "f32": Float32, "i32": Int32, "i64": Int64}
+    scalars = {"i64": lambda: Int64(0), "i32": lambda: Int32(0), "f32": lambda: Float32(0.0)}
+    types = spec.group_types()
+    out = []
+    for g in spec.groups:
+        vals = [make_ptr(elems[a.elem], 0, cute.AddressSpace.gmem, assumed_align=a.align)
+                if a.kind == "ptr" else scalars[a.kind]() for a in g.args]
+        out.append(types[g.name](*vals))
+    return out
 
 
 def _dsl_version() -> str:

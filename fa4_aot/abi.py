@@ -1,8 +1,17 @@
 """The launch ABI of fa4_aot kernels, defined once.
 
-The build writes :func:`launch_record` into the manifest for every kernel (and checks it
-against the ``.entry`` signature of the PTX it compiled); the runtime reads that record back and
-packs one buffer per parameter from it. Pure Python: no cutlass, no torch, no CUDA.
+Each kernel family has one ordered :class:`KernelSpec`: the TMA-loaded tensors, then groups of
+scalar/pointer arguments. Everything else is generated from it:
+
+* the kernels take one NamedTuple per group (``spec.group_types()``; fields = the spec's
+  names, in order), so a kernel reads ``shape.seqlen_q`` instead of the 17th positional
+  argument;
+* the build (``build_tools/dsl_compile.py``) makes the fake arguments of ``cute.compile`` from
+  it, checks that the kernel's ``__call__`` takes exactly the spec's arguments in the spec's
+  order (:func:`check_signature`) and checks the PTX ``.entry`` against :func:`ptx_params`
+  (count, size, alignment);
+* the manifest stores :func:`launch_record` (the ordered parameter records, with names), and
+  the runtime packs each launch from that record.
 
 A parameter record is a dict with ``name``, ``kind``, ``size`` and ``align`` (bytes, as in the
 PTX ``.param`` declaration) and, by kind:
@@ -14,62 +23,171 @@ PTX ``.param`` declaration) and, by kind:
 ``i32_tuple``  a struct of int32 (the dynamic shape of a TMA coordinate tensor): ``values``.
 ``ptr``        a 64-bit device pointer: ``value``.
 ``i64``/``i32``/``f32``  one scalar: ``value``.
-``static``     a placeholder the DSL emits for compile-time objects (``.b8 [1]``): zero bytes.
 
-Value names (``values``/``value``) refer to the per-launch values the runtime computes
-(:data:`LAUNCH_VALUES` documents each).
+Value names (``values``/``value``) are the per-launch values the runtime computes;
+:data:`LAUNCH_VALUES` documents each (generated from the specs). Pure Python: no cutlass, no
+torch, no CUDA.
 """
 
 from __future__ import annotations
 
-ABI_VERSION = 2
+import inspect
+from collections import namedtuple
+from dataclasses import dataclass
+
+ABI_VERSION = 3
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One scalar or pointer argument. ``elem`` (pointers): element type, ``"io"`` = the kernel's
+    16-bit dtype; ``align``: the alignment the kernel may assume (bytes)."""
+
+    name: str
+    kind: str  # ptr | i64 | i32 | f32
+    doc: str
+    elem: str = ""
+    align: int = 0
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str  # NamedTuple type name inside the kernels
+    args: tuple
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    family: str
+    tensors: tuple  # TMA-loaded (b, s, h, d) tensors: a CUtensorMap + its (rows, heads, batch)
+    groups: tuple
+
+    @property
+    def host_args(self) -> list[str]:
+        """The kernel ``__call__`` arguments, in order (the stream follows them)."""
+        return [f"m{t.upper()}" for t in self.tensors] + [g.name.lower() for g in self.groups]
+
+    def args(self):
+        for g in self.groups:
+            yield from g.args
+
+    def group_types(self) -> dict:
+        """{group name: NamedTuple type} with the spec's field names, in order (one set of
+        types per spec: the kernels' annotations and the build's values must be the same
+        classes)."""
+        types = _GROUP_TYPES.get(self)
+        if types is None:
+            types = _GROUP_TYPES[self] = {
+                g.name: namedtuple(g.name, [a.name for a in g.args]) for g in self.groups}
+        return types
+
+
+_GROUP_TYPES: dict = {}
+
+
+def _ptrs(*args):
+    return Group("Ptrs", tuple(Arg(n, "ptr", d, elem=e, align=al) for n, e, al, d in args))
+
+
+def _scalars(group, kind, *args):
+    return Group(group, tuple(Arg(n, kind, d) for n, d in args))
+
+
+# ------------------------------------------------------------------ the forward, sm_90a
+FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
+    _ptrs(
+        ("q_ptr", "io", 16, "q, for kernels that load Q without TMA (packed GQA), else unused"),
+        ("o_ptr", "io", 16, "output, (batch, seqlen_q, heads, d)"),
+        ("lse_ptr", "f32", 4, "fp32 log-sum-exp, (batch, heads, seqlen_q) / varlen (heads, total_q)"),
+        ("oacc_ptr", "f32", 16, "split-KV: fp32 partial outputs (num_splits, acc_rows, heads, d)"),
+        ("lseacc_ptr", "f32", 4, "split-KV: fp32 partial LSE (num_splits, acc_rows, heads)"),
+        ("sched_ptr", "i32", 4, "int32[2] work-stealing counter (zeroed once, reset by the kernel)"),
+        ("trace_ptr", "i64", 8, "int64 trace buffer (trace kernels only; null otherwise)"),
+        ("cu_seqlens_q", "i32", 4, "int32 (batch + 1) document offsets of packed q (varlen)"),
+        ("cu_seqlens_k", "i32", 4, "int32 (batch + 1) document offsets of packed k/v (varlen)"),
+        ("seqused_q", "i32", 4, "int32 (batch,) used query rows per batch entry (seq_mode bit 2)"),
+        ("seqused_k", "i32", 4, "int32 (batch,) used keys per batch entry (seq_mode bit 4)"),
+    ),
+    _scalars("Strides", "i64",
+             ("q_stride_s", "q stride of the seqlen axis, elements"),
+             ("q_stride_h", "q stride of the head axis, elements"),
+             ("q_stride_b", "q stride of the batch axis, elements (0 for varlen)"),
+             ("o_stride_s", "output stride of the seqlen axis, elements"),
+             ("o_stride_h", "output stride of the head axis, elements"),
+             ("o_stride_b", "output stride of the batch axis, elements (0 for varlen)"),
+             ("lse_stride_h", "LSE stride of the head axis, elements"),
+             ("lse_stride_b", "LSE stride of the batch axis, elements (0 for varlen)")),
+    _scalars("Shape", "i32",
+             ("seqlen_q", "query length (max_seqlen_q for varlen)"),
+             ("seqlen_k", "key/value length (max_seqlen_k for varlen)"),
+             ("num_heads", "query heads"),
+             ("qhead_per_kvhead", "num_heads // num_heads_k (GQA/MQA group size)"),
+             ("num_m_blocks", "m-blocks per (head, batch) pair: ceil(rows / tile_m), rows = "
+                              "seqlen_q (seqlen_q * group with packed GQA)"),
+             ("section", "(head, batch) pairs per L2 section (fa4_aot.schedule.choose_section)"),
+             ("num_tiles", "num_m_blocks * heads * batch * num_splits (heads = kv heads with "
+                           "packed GQA)"),
+             ("num_splits", "split-KV: key ranges per tile (1 = no split)"),
+             ("acc_rows", "split-KV: rows of the partial buffers (batch * seqlen_q, or total_q)"),
+             ("seq_mode", "bit 1: varlen (cu_seqlens); bit 2: seqused_q; bit 4: seqused_k"),
+             ("window_left", "local mask: keys visible down to row + sk - sq - window_left"),
+             ("window_right", "local mask: keys visible up to row + sk - sq + window_right")),
+    _scalars("Softmax", "f32",
+             ("softmax_scale_log2", "softmax_scale * log2(e) (softcap: softcap * log2(e))"),
+             ("softmax_scale", "softmax_scale (softcap: softcap)"),
+             ("softcap_pre", "softmax_scale / softcap (0: no softcap)")),
+))
+
+# ------------------------------------------------------------------ the forward, sm_100a
+FWD_SM100 = KernelSpec("fwd_sm100", ("q", "k", "v"), (
+    Group("Ptrs", tuple(a for a in FWD_SM90.groups[0].args
+                        if a.name in ("o_ptr", "lse_ptr", "sched_ptr", "trace_ptr"))),
+    Group("Strides", tuple(a for a in FWD_SM90.groups[1].args if a.name.startswith("o_"))),
+    Group("Shape", tuple(a for a in FWD_SM90.groups[2].args if a.name in (
+        "seqlen_q", "seqlen_k", "num_heads", "qhead_per_kvhead", "num_m_blocks", "section",
+        "num_tiles"))),
+    Group("Softmax", FWD_SM90.groups[3].args[:2]),
+))
+
+# ------------------------------------------------------------------ split-KV combine, sm_90a
+COMBINE_SM90 = KernelSpec("combine_sm90", (), (
+    _ptrs(
+        ("oacc_ptr", "f32", 16, "fp32 partial outputs (num_splits, acc_rows, heads, d)"),
+        ("lseacc_ptr", "f32", 4, "fp32 partial LSE (num_splits, acc_rows, heads)"),
+        ("o_ptr", "io", 16, "output, (batch, seqlen_q, heads, d)"),
+        ("lse_ptr", "f32", 4, "fp32 LSE, (batch, heads, seqlen_q) / varlen (heads, total_q)"),
+    ),
+    Group("Strides", FWD_SM90.groups[1].args[3:]),
+    _scalars("Shape", "i32",
+             ("num_splits", "partial results per row"),
+             ("acc_rows", "rows of the partial buffers (batch * seqlen_q, or total_q)"),
+             ("seqlen_q", "rows per batch entry (total_q for varlen: one batch entry)"),
+             ("num_heads", "query heads")),
+))
+
+SPECS = {s.family: s for s in (FWD_SM90, FWD_SM100, COMBINE_SM90)}
+
+
+def spec_for(cfg) -> KernelSpec:
+    if cfg.kind == "combine":
+        return COMBINE_SM90
+    return FWD_SM90 if cfg.arch == "sm_90a" else FWD_SM100
+
 
 LAUNCH_VALUES = {
-    "seqlen_q": "query length",
-    "seqlen_k": "key/value length",
-    "num_heads": "query heads",
-    "num_heads_k": "key/value heads",
-    "batch": "batch size (number of documents for varlen)",
+    **{a.name: a.doc for s in SPECS.values() for a in s.args()},
     "q_rows": "rows of the q tensor the TMA descriptor covers (seqlen_q, or total_q for varlen)",
     "k_rows": "rows of the k/v tensors (seqlen_k, or total_k for varlen)",
+    "num_heads_k": "key/value heads",
     "tma_batch": "batch extent of the TMA descriptors (1 for varlen: packed documents)",
-    "qhead_per_kvhead": "num_heads // num_heads_k (GQA/MQA group size)",
-    "num_m_blocks": "ceil(seqlen_q / tile_m)",
-    "section": "heads*batch pairs per L2 section (fa4_aot.schedule.choose_section)",
-    "num_tiles": "num_m_blocks * num_heads * batch",
-    "softmax_scale_log2": "softmax_scale * log2(e) (softcap kernels: softcap * log2(e))",
-    "softmax_scale": "softmax_scale (softcap kernels: softcap)",
-    "softcap_pre": "softmax_scale / softcap (softcap kernels; 0 otherwise, unused)",
-    "o_ptr": "output, (batch, seqlen_q, heads, d)",
-    "o_stride_s": "output stride of the seqlen axis, elements",
-    "o_stride_h": "output stride of the head axis, elements",
-    "o_stride_b": "output stride of the batch axis, elements",
-    "lse_ptr": "fp32 log-sum-exp, contiguous (batch, heads, seqlen_q)",
-    "sched_ptr": "int32[2] work-stealing counter (zeroed once, reset by the kernel)",
-    "trace_ptr": "int64 trace buffer (trace variant only; null otherwise)",
-    "cu_seqlens_q": "int32 (batch + 1) document offsets of packed q (varlen; null otherwise)",
-    "cu_seqlens_k": "int32 (batch + 1) document offsets of packed k/v (varlen; null otherwise)",
-    "lse_stride_h": "LSE stride of the head axis, elements",
-    "lse_stride_b": "LSE stride of the batch axis, elements (0 for varlen: rows are global)",
-    "varlen": "1 when q/k/v are packed documents described by cu_seqlens, else 0",
-    "window_left": "local mask: keys visible down to row + sk - sq - window_left",
-    "window_right": "local mask: keys visible up to row + sk - sq + window_right",
 }
 
 # Axis positions of the user tensors, layout (batch, seqlen, heads, head_dim).
 AXES = {"b": 0, "s": 1, "h": 2, "d": 3}
-
-# Grid rules: "tiles" launches one CTA per tile; "persistent" launches
-# min(num_tiles, ctas_per_sm * SM count of the device at launch time).
-GRID_RULES = ("tiles", "persistent")
-
-
-def _tensormap(name, tensor, dtype, box, swizzle):
-    return {
-        "name": name, "kind": "tensormap", "size": 128, "align": 64,
-        "tensor": tensor, "dtype": dtype, "dims": ["d", "s", "h", "b"], "box": list(box),
-        "swizzle": swizzle, "interleave": "none", "l2_promotion": "256B", "oob_fill": "zero",
-    }
+_SHAPE_VALUES = {"q": ("q_rows", "num_heads", "tma_batch"),
+                 "k": ("k_rows", "num_heads_k", "tma_batch"),
+                 "v": ("k_rows", "num_heads_k", "tma_batch")}
+_SIZES = {"ptr": 8, "i64": 8, "i32": 4, "f32": 4}
 
 
 def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
@@ -82,78 +200,72 @@ def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
     raise ValueError(f"head_dim {head_dim}: rows are not a multiple of 32 bytes")
 
 
-def _shape(name, values):
-    return {"name": name, "kind": "i32_tuple", "size": 4 * len(values), "align": 4,
-            "values": list(values)}
-
-
-def _scalar(kind, value):
-    size = {"ptr": 8, "i64": 8, "i32": 4, "f32": 4}[kind]
-    return {"name": value, "kind": kind, "size": size, "align": size, "value": value}
-
-
-# Compile-time objects the DSL still declares as 1-byte parameters, per architecture: the two
-# tiled MMAs of FlashFwdSm90; FlashFwdSm100 builds its MMAs inside the kernel.
-STATIC_PARAMS_BY_ARCH = {"sm_90a": 2, "sm_100a": 0}
-
-
-# FlashFwdSm90 also takes the varlen / window / LSE-stride / softcap parameters; FlashFwdSm100 does not
-# (yet): its list is the base one.
-EXTENDED_BY_ARCH = {"sm_90a": True, "sm_100a": False}
-
-
-def fwd_params(dtype: str, head_dim: int, tile_m: int, tile_n: int,
-               n_static: int = 2, extended: bool = True) -> list[dict]:
-    """Parameter list of the forward kernels, in order (the kernels' ``__call__`` signatures)."""
+def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n: int) -> list[dict]:
+    """The kernel's PTX parameters, in order, as manifest records."""
     box_inner, swz = head_dim_swizzle(head_dim)  # d is loaded in box_inner-wide chunks
-    params = [
-        _tensormap("tma_q", "q", dtype, (box_inner, tile_m, 1, 1), swz),
-        _shape("q_shape", ("q_rows", "num_heads", "tma_batch")),
-        _tensormap("tma_k", "k", dtype, (box_inner, tile_n, 1, 1), swz),
-        _shape("k_shape", ("k_rows", "num_heads_k", "tma_batch")),
-        _tensormap("tma_v", "v", dtype, (box_inner, tile_n, 1, 1), swz),
-        _shape("v_shape", ("k_rows", "num_heads_k", "tma_batch")),
-        _scalar("ptr", "o_ptr"),
-        _scalar("ptr", "lse_ptr"),
-        _scalar("ptr", "sched_ptr"),
-        _scalar("ptr", "trace_ptr"),
-    ]
-    if extended:
-        params += [_scalar("ptr", "cu_seqlens_q"), _scalar("ptr", "cu_seqlens_k")]
-    params += [_scalar("i64", v) for v in ("o_stride_s", "o_stride_h", "o_stride_b")]
-    if extended:
-        params += [_scalar("i64", "lse_stride_h"), _scalar("i64", "lse_stride_b")]
-    for v in ("seqlen_q", "seqlen_k", "num_heads", "qhead_per_kvhead", "num_m_blocks",
-              "section", "num_tiles"):
-        params.append(_scalar("i32", v))
-    if extended:
-        params += [_scalar("i32", v) for v in ("varlen", "window_left", "window_right")]
-    params += [_scalar("f32", "softmax_scale_log2"), _scalar("f32", "softmax_scale")]
-    if extended:
-        params.append(_scalar("f32", "softcap_pre"))
-    params += [{"name": f"static_{i}", "kind": "static", "size": 1, "align": 1}
-               for i in range(n_static)]
+    params = []
+    for t in spec.tensors:
+        rows = tile_m if t == "q" else tile_n
+        params.append({
+            "name": f"tma_{t}", "kind": "tensormap", "size": 128, "align": 64, "tensor": t,
+            "dtype": dtype, "dims": ["d", "s", "h", "b"], "box": [box_inner, rows, 1, 1],
+            "swizzle": swz, "interleave": "none", "l2_promotion": "256B", "oob_fill": "zero"})
+        params.append({"name": f"{t}_shape", "kind": "i32_tuple", "size": 12, "align": 4,
+                       "values": list(_SHAPE_VALUES[t])})
+    for a in spec.args():
+        size = _SIZES[a.kind]
+        params.append({"name": a.name, "kind": a.kind, "size": size, "align": size,
+                       "value": a.name})
     return params
 
 
 def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
     """The manifest's ``launch`` record for a kernel configuration."""
     t = cfg.tile
-    # CLC launches one CTA per tile: CTAs that finish early cancel not-yet-started ones and
-    # take their tile; "single" is one CTA per tile too. static/steal are persistent.
-    one_per_tile = cfg.scheduler in ("single", "clc")
+    spec = spec_for(cfg)
+    if cfg.kind == "combine":
+        grid = {"rule": "rows", "rows_per_cta": cfg.threads // 32}  # one warp per (row, head)
+    else:
+        # CLC launches one CTA per tile: CTAs that finish early cancel not-yet-started ones and
+        # take their tile; "single" is one CTA per tile too. static/steal are persistent.
+        one_per_tile = cfg.scheduler in ("single", "clc")
+        grid = {"rule": "tiles" if one_per_tile else "persistent", "ctas_per_sm": 1}
     return {
         "abi_version": ABI_VERSION,
-        "params": fwd_params(cfg.dtype, cfg.head_dim, t.m, t.n, STATIC_PARAMS_BY_ARCH[cfg.arch],
-                             EXTENDED_BY_ARCH[cfg.arch]),
+        "family": spec.family,
+        "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m, t.n),
         "block": [cfg.threads, 1, 1],
         "cluster": [1, 1, 1],
         "dynamic_smem_bytes": dynamic_smem_bytes,
-        "grid": {"rule": "tiles" if one_per_tile else "persistent", "ctas_per_sm": 1},
+        "grid": grid,
         "tile": {"m": t.m, "n": t.n},
+        "pack_gqa": cfg.decode,
         "needs_counter": cfg.scheduler == "steal",
         "trace": cfg.trace,
     }
+
+
+def check_signature(spec: KernelSpec, call) -> list[str]:
+    """Differences between the spec's host arguments and a kernel ``__call__``'s parameters
+    (by name, in order): the spec's order is the PTX order only if the kernel takes its
+    arguments in that order."""
+    names = [p for p in inspect.signature(call).parameters if p != "self"]
+    want = spec.host_args + ["stream"]
+    if names != want:
+        return [f"{spec.family}: kernel __call__ takes {names}, the spec says {want}"]
+    return []
+
+
+def check_group_fields(spec: KernelSpec, types: dict) -> list[str]:
+    """Differences between the spec's groups and NamedTuple types a kernel reads."""
+    problems = []
+    for g in spec.groups:
+        t = types.get(g.name)
+        want = [a.name for a in g.args]
+        if t is None or list(t._fields) != want:
+            problems.append(f"{spec.family}.{g.name}: kernel fields "
+                            f"{list(getattr(t, '_fields', []))}, the spec says {want}")
+    return problems
 
 
 def check_against_ptx(params: list[dict], ptx_params: list[dict]) -> list[str]:

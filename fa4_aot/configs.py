@@ -24,9 +24,11 @@ SCHEDULERS_BY_ARCH = {"sm_90a": ("single", "static", "steal"), "sm_100a": ("stat
 # Schedulers that have softcap kernels (sm_90a): steal (what scheduler="auto" picks) and single.
 SOFTCAP_SCHEDULERS = ("single", "steal")
 
-# Threads per CTA. sm_90a: one producer warpgroup + two MMA warpgroups. sm_100a: 4 softmax
-# warps + MMA warp + load warp + CLC scheduler warp.
-THREADS_BY_ARCH = {"sm_90a": 384, "sm_100a": 224}
+# Threads per CTA. sm_90a: one producer warpgroup + one MMA warpgroup per 64 rows of the m tile
+# (``Tile.m // 64``). sm_100a: 4 softmax warps + MMA warp + load warp + CLC scheduler warp.
+# The split-KV combine kernel: 4 warps, one (row, head) per warp.
+THREADS_BY_ARCH = {"sm_90a": None, "sm_100a": 224}
+COMBINE_THREADS = 128
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,17 @@ TILES = {
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 
+# Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
+# one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
+# a tile cut into ``num_splits`` parts, merged by the combine kernel). One MMA warpgroup of 64
+# rows: a decode tile holds seqlen_q * group rows, often fewer than 64. Deeper K/V pipelines:
+# the work is bound by reading K and V.
+DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=4, pingpong=False),
+                96: Tile(m=64, n=128, kv_stages=3, pingpong=False),
+                128: Tile(m=64, n=128, kv_stages=3, pingpong=False),
+                192: Tile(m=64, n=112, kv_stages=2, pingpong=False),
+                256: Tile(m=64, n=80, kv_stages=2, pingpong=False)}
+
 # Derived from the tables above (the source of truth).
 HEAD_DIMS = tuple(sorted({hd for tiles in TILES.values() for hd in tiles}))
 
@@ -70,6 +83,11 @@ class KernelConfig:
     local: bool = False
     # Tanh soft-capping of the scores (softcap * tanh(s / softcap)); the cap is a launch value.
     softcap: bool = False
+    # Decode / short-query kernel (sm_90a): packed GQA + split-KV, DECODE_TILES. Masks and
+    # softcap are runtime values there (one kernel per dtype x head_dim x mask).
+    decode: bool = False
+    # "fwd": the attention forward; "combine": the split-KV merge (fp32 partials -> output).
+    kind: str = "fwd"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -84,21 +102,29 @@ class KernelConfig:
                              "causal windows use it with window_right = 0")
         if self.softcap and self.arch != "sm_90a":
             raise ValueError("softcap kernels exist on sm_90a only")
+        if self.kind not in ("fwd", "combine"):
+            raise ValueError(f"kind must be 'fwd' or 'combine', got {self.kind!r}")
+        if (self.decode or self.kind == "combine") and self.arch != "sm_90a":
+            raise ValueError("decode and combine kernels exist on sm_90a only")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
 
     @property
     def tile(self) -> Tile:
-        """The tile of (arch, head_dim)."""
-        return TILES[self.arch][self.head_dim]
+        """The tile of (arch, head_dim) (decode kernels: of head_dim in DECODE_TILES)."""
+        return (DECODE_TILES if self.decode else TILES[self.arch])[self.head_dim]
 
     @property
     def threads(self) -> int:
-        return THREADS_BY_ARCH[self.arch]
+        if self.kind == "combine":
+            return COMBINE_THREADS
+        return THREADS_BY_ARCH[self.arch] or 128 * (1 + self.tile.m // 64)
 
     @property
     def name(self) -> str:
+        if self.kind == "combine":
+            return f"combine_{self.arch}_{self.dtype}_hd{self.head_dim}"
         mask = "local" if self.local else ("causal" if self.causal else "full")
         t = self.tile
         name = (
@@ -106,6 +132,7 @@ class KernelConfig:
             f"_m{t.m}n{t.n}s{t.kv_stages}"
         )
         name += "_softcap" if self.softcap else ""
+        name += "_decode" if self.decode else ""
         name += "_trace" if self.trace else ""
         return name
 
@@ -113,7 +140,7 @@ class KernelConfig:
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
-                self.trace, self.softcap)
+                self.trace, self.softcap, self.decode, self.kind)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -139,6 +166,13 @@ def _space() -> Iterable[KernelConfig]:
                         for sched in SOFTCAP_SCHEDULERS:
                             yield KernelConfig(arch, dtype, hd, causal, sched, local=local,
                                                softcap=True)
+    # Decode / short-query kernels (packed GQA + split-KV; softcap at run time) and the
+    # split-KV combine.
+    for dtype in DTYPES:
+        for hd in DECODE_TILES:
+            for causal, local in ((False, False), (True, False), (False, True)):
+                yield KernelConfig("sm_90a", dtype, hd, causal, "steal", local=local, decode=True)
+            yield KernelConfig("sm_90a", dtype, hd, False, "single", kind="combine")
     # Schedule-trace variants (record per tile: SM, CTA, start, end), not in the fast path.
     for sched in SCHEDULERS_BY_ARCH["sm_90a"]:
         yield KernelConfig("sm_90a", "bf16", 128, True, sched, trace=True)

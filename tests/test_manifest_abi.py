@@ -100,7 +100,7 @@ def test_launch_abi_matches_ptx_entry(name):
 
 
 def test_check_against_ptx_reports_differences():
-    params = abi.fwd_params("bf16", 128, 128, 128)
+    params = abi.ptx_params(abi.FWD_SM90, "bf16", 128, 128, 128)
     ptx = [{"size": p["size"], "align": p["align"]} for p in params]
     assert abi.check_against_ptx(params, ptx) == []
     ptx[1] = {"size": 16, "align": 4}

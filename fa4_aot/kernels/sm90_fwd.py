@@ -1,29 +1,43 @@
 """FlashAttention forward for sm_90a (Hopper), written in CuTe DSL for ahead-of-time builds.
 
-CTA = 3 warpgroups (384 threads):
+CTA = one producer warpgroup + one MMA warpgroup per 64 rows of the m tile:
 
 * warpgroup 0, the producer (24 registers after ``setmaxnreg``): warp 0 fetches tile indices
   (see ``tile_sched.py``) and issues the TMA loads of Q (once per tile) and of K and V
   (one n-block at a time, ``kv_stages`` deep, each on its own ``PipelineTmaAsync``);
-* warpgroups 1 and 2, the consumers (240 registers): each owns 64 rows of the 128-row m-tile.
-  S = Q K^T with wgmma (both operands in shared memory), online softmax in registers,
-  P converted to 16-bit in registers and O += P V with wgmma (A from registers).
+* the MMA warpgroups (240 registers): each owns 64 rows of the m tile. S = Q K^T with wgmma
+  (both operands in shared memory), online softmax in registers, P converted to 16-bit in
+  registers and O += P V with wgmma (A from registers).
 
 Key blocks are visited from the last to the first, so the blocks that need the causal or
 the sequence-end mask come first and the rest run unmasked.
 
 Masks (compile time): full, causal (bottom-right aligned), local (sliding window
 ``[row + sk - sq - window_left, row + sk - sq + window_right]``). Variable-length batches are a
-runtime mode (``varlen`` = 1): q/k/v are packed (total, d, heads, 1) and each tile reads its
-document's offsets from ``cu_seqlens_q/k``; tiles past a document's end do nothing.
+runtime mode (``seq_mode`` bit 1): q/k/v are packed (total, d, heads, 1) and each tile reads
+its document's offsets from ``cu_seqlens_q/k``; ``seqused_q/k`` (bits 2 and 4) cut a batch
+entry's rows/keys shorter. Offsets are clamped to the packed lengths, so malformed offsets
+can give wrong rows but never a load or store outside q/k/v/out/lse.
 
-Kernel parameters (the launch ABI; ``fa4_aot/abi.py`` describes the same list for the runtime):
-TMA descriptors + coordinate shapes for Q, K, V; raw pointers for O, LSE, the scheduler counter
-and the trace buffer; O strides; then scalars. Nothing about the device (SM count) is baked in.
+Decode kernels (``cfg.decode``, one MMA warpgroup, 64-row tiles):
+
+* packed GQA: the ``g = qhead_per_kvhead`` query heads of one KV head share an m tile; packed
+  row ``R`` is query row ``R // g`` of head ``kv_head * g + R % g``. Tiles are counted per KV
+  head, so K and V are read once per KV head. Q is loaded by the MMA warpgroup itself with
+  plain 16-byte loads (the packed rows are not one TMA box);
+* split-KV: a tile's key blocks are cut into ``num_splits`` contiguous ranges, one tile index
+  each; with ``num_splits > 1`` every tile writes its normalised fp32 O and its LSE to the
+  partial buffers and ``combine.py`` merges them;
+* softcap is a runtime value (``softcap_pre != 0``).
+
+Kernel parameters: ``fa4_aot/abi.py`` ``FWD_SM90`` (TMA descriptors + coordinate shapes for
+Q, K, V, then the Ptrs, Strides, Shape and Softmax groups, each a NamedTuple generated from the
+spec). Nothing about the device (SM count) is baked in.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -33,14 +47,19 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
+from fa4_aot.abi import FWD_SM90
 from fa4_aot.configs import KernelConfig
 from fa4_aot.schedule import decode_tile
 
 from .tile_sched import TILE_SLOTS, first_tile, next_tile
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+GROUPS = FWD_SM90.group_types()
+Ptrs, Strides, Shape, Softmax = (GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax"))
+
+SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K = 1, 2, 4  # Shape.seq_mode bits
 
 
 def _acc_mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -99,8 +118,8 @@ def _tree(op, vals):
 
 
 def _frag_row(tidx, r):
-    """Row (inside the 128-row tile) of row ``r`` (0 or 1) of a wgmma m64 accumulator held by
-    consumer thread ``tidx`` (0..255): warpgroup * 64 + warp * 16 + lane / 4 + 8 * r."""
+    """Row (inside the m tile) of row ``r`` (0 or 1) of a wgmma m64 accumulator held by
+    consumer thread ``tidx``: warpgroup * 64 + warp * 16 + lane / 4 + 8 * r."""
     return (tidx // 128) * 64 + ((tidx % 128) // 32) * 16 + (tidx % 32) // 4 + 8 * r
 
 
@@ -108,6 +127,43 @@ def _frag_col_static(c: int) -> int:
     """Static part of the column of value ``c`` in an accumulator row (the thread adds
     2 * (lane % 4)): values come in pairs of adjacent columns, pairs 8 columns apart."""
     return (c // 2) * 8 + c % 2
+
+
+# Frozen dataclasses: the DSL treats a frozen object that a loop body only reads (calls methods
+# of its members) as read-only, instead of as a loop-carried value.
+@dataclass(frozen=True, eq=False)
+class _Tile:
+    """What the warps know about the tile in hand (plain Python: built while tracing)."""
+
+    m_block: object
+    head: object
+    batch: object
+    split: object
+    q_start: object
+    k_start: object
+    sq: object
+    sk: object
+    tma_b: object
+
+
+@dataclass(frozen=True, eq=False)
+class _Frags:
+    """The MMA warpgroup's operands, accumulators and softmax state."""
+
+    mma_qk: object
+    mma_pv: object
+    tSrQ: object
+    tSrK: object
+    tOrV: object
+    acc_S: object
+    acc_O: object
+    tOrP: object
+    tOrP_as_acc: object
+    acc_S_mn: object
+    acc_O_mn: object
+    row_max: object
+    row_sum: object
+    row_scale: object
 
 
 class FlashFwdSm90:
@@ -123,15 +179,32 @@ class FlashFwdSm90:
         self.sched = cfg.scheduler
         self.trace = cfg.trace
         self.softcap = cfg.softcap
+        self.decode = cfg.decode
         self.threads = cfg.threads
-        self.num_mma_wg = 2
-        assert self.tile_m == 64 * self.num_mma_wg
+        self.num_mma_wg = self.tile_m // 64
+        assert self.threads == 128 * (1 + self.num_mma_wg)
         self.producer_regs = 24
         self.mma_regs = 240
-        # Mainloop schedule from the configuration's tile (experiment variants override it).
         self.intra_wg_overlap = cfg.tile.overlap
-        self.pingpong = cfg.tile.pingpong
-        self.variant_flags = set(filter(None, cfg.variant.split("-")))
+        self.pingpong = cfg.tile.pingpong and self.num_mma_wg == 2
+
+    # ------------------------------------------------------------------ static pieces
+    def _mmas_and_layouts(self):
+        dt = self.dtype
+        qk_tiler = (self.tile_m, self.tile_n, self.hd)
+        pv_tiler = (self.tile_m, self.hd, self.tile_n)
+        mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            (self.num_mma_wg, 1, 1), (64, self.tile_n),
+        )
+        mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
+        )
+        sQ = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, 1)
+        sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.kv_stages)
+        sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, self.kv_stages)
+        return mma_qk, mma_pv, sQ, sK, sV
 
     # ------------------------------------------------------------------ host side (trace only)
     @cute.jit
@@ -140,48 +213,14 @@ class FlashFwdSm90:
         mQ: cute.Tensor,  # (seqlen_q, d, heads, batch)
         mK: cute.Tensor,  # (seqlen_k, d, kv_heads, batch)
         mV: cute.Tensor,  # (seqlen_k, d, kv_heads, batch)
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        sched_ptr: cute.Pointer,
-        trace_ptr: cute.Pointer,
-        cu_q_ptr: cute.Pointer,
-        cu_k_ptr: cute.Pointer,
-        o_stride_s: Int64,
-        o_stride_h: Int64,
-        o_stride_b: Int64,
-        lse_stride_h: Int64,
-        lse_stride_b: Int64,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        num_heads: Int32,
-        qhead_per_kvhead: Int32,
-        num_m_blocks: Int32,
-        section: Int32,
-        num_tiles: Int32,
-        varlen: Int32,
-        window_left: Int32,
-        window_right: Int32,
-        softmax_scale_log2: Float32,
-        softmax_scale: Float32,
-        softcap_pre: Float32,
-        grid_x: Int32,
+        ptrs: Ptrs,
+        strides: Strides,
+        shape: Shape,
+        softmax: Softmax,
         stream,
     ):
         dt = self.dtype
-        qk_tiler = (self.tile_m, self.tile_n, self.hd)
-        pv_tiler = (self.tile_m, self.hd, self.tile_n)
-        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            (self.num_mma_wg, 1, 1), (64, self.tile_n),
-        )
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
-            (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
-        )
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, 1)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.kv_stages)
-        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, self.kv_stages)
-
+        _, _, sQ_layout, sK_layout, sV_layout = self._mmas_and_layouts()
         # V seen as (d, seqlen_k, kv_heads, batch): the MN-major B operand of O += P V.
         mVt = cute.make_tensor(
             mV.iterator,
@@ -213,16 +252,8 @@ class FlashFwdSm90:
 
         self.shared_storage = SharedStorage
 
-        self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tV,
-            o_ptr, lse_ptr, sched_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
-            o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
-            seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
-            num_m_blocks, section, num_tiles, varlen, window_left, window_right,
-            softmax_scale_log2, softmax_scale, softcap_pre,
-            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-        ).launch(
-            grid=[grid_x, 1, 1],
+        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, ptrs, strides, shape, softmax).launch(
+            grid=[1, 1, 1],  # the runtime sets the grid
             block=[self.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -230,47 +261,13 @@ class FlashFwdSm90:
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
-    def kernel(
-        self,
-        tma_q: cute.CopyAtom,
-        tQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        tK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        tV: cute.Tensor,
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        sched_ptr: cute.Pointer,
-        trace_ptr: cute.Pointer,
-        cu_q_ptr: cute.Pointer,
-        cu_k_ptr: cute.Pointer,
-        o_stride_s: Int64,
-        o_stride_h: Int64,
-        o_stride_b: Int64,
-        lse_stride_h: Int64,
-        lse_stride_b: Int64,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        num_heads: Int32,
-        qhead_per_kvhead: Int32,
-        num_m_blocks: Int32,
-        section: Int32,
-        num_tiles: Int32,
-        varlen: Int32,
-        window_left: Int32,
-        window_right: Int32,
-        softmax_scale_log2: Float32,
-        softmax_scale: Float32,
-        softcap_pre: Float32,
-        tiled_mma_qk: cute.TiledMma,
-        tiled_mma_pv: cute.TiledMma,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-    ):
+    def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_k: cute.CopyAtom,
+               tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor,
+               ptrs: Ptrs, strides: Strides, shape: Shape, softmax: Softmax):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp_idx // 4
+        mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout = self._mmas_and_layouts()
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -305,64 +302,106 @@ class FlashFwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         slots = storage.tile_slot.get_tensor(cute.make_layout(TILE_SLOTS))
+        # Packed lengths (the TMA coordinate shapes): varlen offsets are clamped to them.
+        totals = (tQ.shape[0], tK.shape[0])
+        pipes = (pipe_q, pipe_k, pipe_v, pipe_tile)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.producer(
-                    tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, slots,
-                    pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr, cu_q_ptr, cu_k_ptr,
-                    seqlen_q, seqlen_k, num_heads, qhead_per_kvhead,
-                    num_m_blocks, section, num_tiles, varlen, window_left, window_right,
-                )
+                self.producer((tma_q, tQ, tma_k, tK, tma_v, tV), (sQ, sK, sV, slots), pipes,
+                              ptrs, shape, totals)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(
-                tidx - 128, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, slots,
-                pipe_q, pipe_k, pipe_v, pipe_tile,
-                o_ptr, lse_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
-                o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
-                seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-                varlen, window_left, window_right, softmax_scale_log2, softmax_scale, softcap_pre,
-            )
+            self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, sK, sV, slots), pipes,
+                          ptrs, strides, shape, softmax, totals)
+
+    # ------------------------------------------------------------------ tiles
+    @cute.jit
+    def tile_coords(self, tile, shape: Shape):
+        """Tile index -> (m_block, head, batch, split). With packed GQA ``head`` is the KV
+        head; the split index is folded into the batch index (batch-major)."""
+        if cutlass.const_expr(self.decode):
+            m_block, head, bs = decode_tile(tile, shape.num_m_blocks,
+                                            shape.num_heads // shape.qhead_per_kvhead,
+                                            shape.section)
+            batch = bs // shape.num_splits
+            return m_block, head, batch, bs - batch * shape.num_splits
+        m_block, head, batch = decode_tile(tile, shape.num_m_blocks, shape.num_heads,
+                                           shape.section)
+        return m_block, head, batch, Int32(0)
 
     @cute.jit
-    def seq_info(self, batch, seqlen_q, seqlen_k, varlen, cu_q_ptr, cu_k_ptr):
-        """(q_start, k_start, seqlen_q, seqlen_k, tma_batch) of one batch entry."""
-        q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), seqlen_q, seqlen_k, batch
-        if varlen != 0:
-            cq = cute.make_tensor(cu_q_ptr + batch, cute.make_layout(2))
-            ck = cute.make_tensor(cu_k_ptr + batch, cute.make_layout(2))
-            q_start, k_start = cq[0], ck[0]
-            sq, sk = cq[1] - q_start, ck[1] - k_start
+    def seq_info(self, batch, ptrs: Ptrs, shape: Shape, totals):
+        """(q_start, k_start, seqlen_q, seqlen_k, tma_batch) of one batch entry. Offsets from
+        cu_seqlens are clamped into [0, packed length] and lengths to >= 0, whatever the
+        offsets say; seqused_q/k only shorten."""
+        q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), shape.seqlen_q, shape.seqlen_k, batch
+        if shape.seq_mode & SEQ_VARLEN != 0:
+            cq = cute.make_tensor(ptrs.cu_seqlens_q + batch, cute.make_layout(2))
+            ck = cute.make_tensor(ptrs.cu_seqlens_k + batch, cute.make_layout(2))
+            q_start = cutlass.min(cutlass.max(cq[0], Int32(0)), totals[0])
+            k_start = cutlass.min(cutlass.max(ck[0], Int32(0)), totals[1])
+            sq = cutlass.min(cutlass.max(cq[1], q_start), totals[0]) - q_start
+            sk = cutlass.min(cutlass.max(ck[1], k_start), totals[1]) - k_start
             tma_b = Int32(0)
+        if shape.seq_mode & SEQ_USED_Q != 0:
+            sq = cutlass.min(sq, cutlass.max(cute.make_tensor(
+                ptrs.seqused_q + batch, cute.make_layout(1))[0], Int32(0)))
+        if shape.seq_mode & SEQ_USED_K != 0:
+            sk = cutlass.min(sk, cutlass.max(cute.make_tensor(
+                ptrs.seqused_k + batch, cute.make_layout(1))[0], Int32(0)))
         return q_start, k_start, sq, sk, tma_b
 
+    def tile_info(self, tile, ptrs: Ptrs, shape: Shape, totals) -> _Tile:
+        m_block, head, batch, split = self.tile_coords(tile, shape)
+        q_start, k_start, sq, sk, tma_b = self.seq_info(batch, ptrs, shape, totals)
+        return _Tile(m_block, head, batch, split, q_start, k_start, sq, sk, tma_b)
+
+    def rows_of(self, t: _Tile, shape: Shape):
+        """Rows of the tile's (head, batch) pair: query rows, times the group with packed GQA."""
+        if cutlass.const_expr(self.decode):
+            return t.sq * shape.qhead_per_kvhead
+        return t.sq
+
     @cute.jit
-    def n_block_range(self, m_block, sq, sk, window_left, window_right):
-        """[n_min, n_max): the key blocks an m-block sees (mask: full, causal or local)."""
+    def seq_rows(self, row0, shape: Shape):
+        """First and last query row of the tile's m-block (packed rows / group)."""
+        if cutlass.const_expr(self.decode):
+            return row0 // shape.qhead_per_kvhead, (row0 + self.tile_m - 1) // shape.qhead_per_kvhead
+        return row0, row0 + self.tile_m - 1
+
+    @cute.jit
+    def n_block_range(self, t: _Tile, shape: Shape):
+        """[n_min, n_max): the key blocks the tile sees (mask: full, causal or local; with
+        split-KV, the tile's split of them)."""
+        sq, sk = t.sq, t.sk
+        s_lo, s_hi = self.seq_rows(t.m_block * self.tile_m, shape)
         hi = sk
         lo = Int32(0)
         if cutlass.const_expr(self.causal):
-            hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq)
+            hi = cutlass.min(sk, s_hi + 1 + sk - sq)
         if cutlass.const_expr(self.local):
-            hi = cutlass.min(sk, (m_block + 1) * self.tile_m + sk - sq + window_right)
-            lo = cutlass.max(Int32(0), m_block * self.tile_m + sk - sq - window_left)
+            hi = cutlass.min(sk, s_hi + 1 + sk - sq + shape.window_right)
+            lo = cutlass.max(Int32(0), s_lo + sk - sq - shape.window_left)
         n_max = cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
         n_min = cutlass.min(lo // self.tile_n, n_max)
+        if cutlass.const_expr(self.decode):
+            per = (n_max - n_min + shape.num_splits - 1) // shape.num_splits
+            n_min = cutlass.min(n_min + t.split * per, n_max)
+            n_max = cutlass.min(n_min + per, n_max)
         return n_min, n_max
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def producer(
-        self, tma_q, tQ, tma_k, tK, tma_v, tV, sQ, sK, sV, slots,
-        pipe_q, pipe_k, pipe_v, pipe_tile, sched_ptr, cu_q_ptr, cu_k_ptr,
-        seqlen_q, seqlen_k, num_heads, qhead_per_kvhead, num_m_blocks, section, num_tiles,
-        varlen, window_left, window_right,
-    ):
-        cpasync.prefetch_descriptor(tma_q)
+    def producer(self, tma, smem, pipes, ptrs: Ptrs, shape: Shape, totals):
+        tma_q, tQ, tma_k, tK, tma_v, tV = tma
+        sQ, sK, sV, slots = smem
+        pipe_q, pipe_k, pipe_v, pipe_tile = pipes
         cpasync.prefetch_descriptor(tma_k)
         cpasync.prefetch_descriptor(tma_v)
+        if cutlass.const_expr(not self.decode):
+            cpasync.prefetch_descriptor(tma_q)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, TILE_SLOTS)
@@ -371,47 +410,50 @@ class FlashFwdSm90:
         tile = first_tile()
         running = cutlass.Boolean(True)
         while running:
-            if varlen != 0 and cutlass.const_expr("xnoskip" not in self.variant_flags):
-                tile = self.skip_empty_tiles(tile, num_tiles, num_m_blocks, num_heads, section,
-                                             cu_q_ptr, sched_ptr)
+            if shape.seq_mode & SEQ_VARLEN != 0:
+                tile = self.skip_empty_tiles(tile, ptrs, shape)
             # Hand the tile index to the consumers (an out-of-range index tells them to stop).
             pipe_tile.producer_acquire(tile_state)
             if lane == 0:
                 slots[tile_state.index] = tile
             pipe_tile.producer_commit(tile_state)
             tile_state.advance()
-            if tile >= num_tiles:
+            if tile >= shape.num_tiles:
                 running = False
             else:
-                m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-                kv_head = head // qhead_per_kvhead
-                q_start, k_start, sq, sk, tma_b = self.seq_info(
-                    batch, seqlen_q, seqlen_k, varlen, cu_q_ptr, cu_k_ptr)
-                valid = m_block * self.tile_m < sq
-                # varlen: shift the coordinate tensors to the document's first row.
-                gQ = cute.local_tile(cute.domain_offset((q_start, 0), tQ[None, None, head, tma_b]),
-                                     (self.tile_m, self.hd), (m_block, 0))
-                tQs, tQg = cpasync.tma_partition(
-                    tma_q, 0, cute.make_layout(1),
-                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                gK = cute.local_tile(cute.domain_offset((k_start, 0), tK[None, None, kv_head, tma_b]),
-                                     (self.tile_n, self.hd), (None, 0))
+                t = self.tile_info(tile, ptrs, shape, totals)
+                kv_head = t.head
+                if cutlass.const_expr(not self.decode):
+                    kv_head = t.head // shape.qhead_per_kvhead
+                valid = t.m_block * self.tile_m < self.rows_of(t, shape)
+                gK = cute.local_tile(
+                    cute.domain_offset((t.k_start, 0), tK[None, None, kv_head, t.tma_b]),
+                    (self.tile_n, self.hd), (None, 0))
                 tKs, tKg = cpasync.tma_partition(
                     tma_k, 0, cute.make_layout(1),
                     cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                gV = cute.local_tile(cute.domain_offset((0, k_start), tV[None, None, kv_head, tma_b]),
-                                     (self.hd, self.tile_n), (0, None))
+                gV = cute.local_tile(
+                    cute.domain_offset((0, t.k_start), tV[None, None, kv_head, t.tma_b]),
+                    (self.hd, self.tile_n), (0, None))
                 tVs, tVg = cpasync.tma_partition(
                     tma_v, 0, cute.make_layout(1),
                     cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
-                if valid:
-                    pipe_q.producer_acquire(q_state)
-                    cute.copy(tma_q, tQg, tQs[None, 0],
-                              tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                    q_state.advance()
+                if cutlass.const_expr(not self.decode):  # decode: the MMA warpgroup loads Q
+                    # varlen: shift the coordinate tensor to the document's first row.
+                    gQ = cute.local_tile(
+                        cute.domain_offset((t.q_start, 0), tQ[None, None, t.head, t.tma_b]),
+                        (self.tile_m, self.hd), (t.m_block, 0))
+                    tQs, tQg = cpasync.tma_partition(
+                        tma_q, 0, cute.make_layout(1),
+                        cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                    if valid:
+                        pipe_q.producer_acquire(q_state)
+                        cute.copy(tma_q, tQg, tQs[None, 0],
+                                  tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                        q_state.advance()
 
-                n_min, n_max = self.n_block_range(m_block, sq, sk, window_left, window_right)
+                n_min, n_max = self.n_block_range(t, shape)
                 if not valid:
                     n_max = n_min
                 for i in cutlass.range(n_max - n_min, unroll=1):
@@ -426,66 +468,68 @@ class FlashFwdSm90:
                 # Fetch the next tile once this tile's loads are issued: the consumers are still
                 # kv_stages blocks behind, so the atomic's latency stays hidden, and fewer values
                 # are live here than before the loop (the producer has 24 registers).
-                tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
+                tile = next_tile(self.sched, tile, shape.num_tiles, ptrs.sched_ptr)
 
     @cute.jit
-    def skip_empty_tiles(self, tile, num_tiles, num_m_blocks, num_heads, section, cu_q_ptr,
-                         sched_ptr):
-        """varlen: the grid covers num_m_blocks(max_seqlen_q) m-blocks of every document, so
-        the m-blocks past a shorter document's end hold no rows (75 % of the tiles of the zipf
-        mix in bench/benchlib.py). The producer fetches past them here instead of handing them
-        to the consumers, so their fetches overlap the consumers' current tile."""
-        empty = tile < num_tiles
+    def skip_empty_tiles(self, tile, ptrs: Ptrs, shape: Shape):
+        """varlen: the grid covers the m-blocks of max_seqlen_q for every document, so the
+        m-blocks past a shorter document's end hold no rows. The producer fetches past them
+        here instead of handing them to the consumers, so their fetches overlap the consumers'
+        current tile. (A cheap test on cu_seqlens_q only: the consumers skip whatever else
+        turns out empty.)"""
+        empty = tile < shape.num_tiles
         while empty:
-            m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-            cq = cute.make_tensor(cu_q_ptr + batch, cute.make_layout(2))
-            if m_block * self.tile_m < cq[1] - cq[0]:
+            m_block, head, batch, split = self.tile_coords(tile, shape)
+            cq = cute.make_tensor(ptrs.cu_seqlens_q + batch, cute.make_layout(2))
+            rows = cq[1] - cq[0]
+            if cutlass.const_expr(self.decode):
+                rows = rows * shape.qhead_per_kvhead
+            if m_block * self.tile_m < rows:
                 empty = False
             else:
-                tile = next_tile(self.sched, tile, num_tiles, sched_ptr)
-                empty = tile < num_tiles
+                tile = next_tile(self.sched, tile, shape.num_tiles, ptrs.sched_ptr)
+                empty = tile < shape.num_tiles
         return tile
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
-    def consumer(
-        self, tidx, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, slots,
-        pipe_q, pipe_k, pipe_v, pipe_tile,
-        o_ptr, lse_ptr, trace_ptr, cu_q_ptr, cu_k_ptr,
-        o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
-        seqlen_q, seqlen_k, num_heads, num_m_blocks, section, num_tiles,
-        varlen, window_left, window_right, softmax_scale_log2, softmax_scale, softcap_pre,
-    ):
+    def consumer(self, tidx, mmas, smem, pipes, ptrs: Ptrs, strides: Strides, shape: Shape,
+                 softmax: Softmax, totals):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
-        The two MMA warpgroups take turns issuing (ping-pong through named barriers), so one's
-        softmax overlaps the other's tensor-core work. Both are compile-time switches
-        (``noovl``/``nopp`` variants) so that each can be measured."""
-        thr_qk = tiled_mma_qk.get_slice(tidx)
-        thr_pv = tiled_mma_pv.get_slice(tidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        With two MMA warpgroups they take turns issuing (ping-pong through named barriers), so
+        one's softmax overlaps the other's tensor-core work."""
+        mma_qk, mma_pv = mmas
+        sQ, sK, sV, slots = smem
+        pipe_q, pipe_k, pipe_v, pipe_tile = pipes
+        thr_qk = mma_qk.get_slice(tidx)
+        thr_pv = mma_pv.get_slice(tidx)
         acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((self.tile_m, self.tile_n)))
         acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((self.tile_m, self.hd)))
         tOrP = cute.make_rmem_tensor(_acc_as_a_layout(acc_S.layout), self.dtype)
-        tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
-
         # Coordinates of the accumulator values are computed from tidx where needed (an
         # identity-tensor partition gets hoisted into ~100 live registers and spills).
         acc_S_mn = _acc_mn_view(acc_S)
-        acc_O_mn = _acc_mn_view(acc_O)
         n_rows = cute.size(acc_S_mn, mode=[0])
-        row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-        row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-        row_scale = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+        f = _Frags(
+            mma_qk=mma_qk, mma_pv=mma_pv,
+            tSrQ=thr_qk.make_fragment_A(thr_qk.partition_A(sQ)),
+            tSrK=thr_qk.make_fragment_B(thr_qk.partition_B(sK)),
+            tOrV=thr_pv.make_fragment_B(thr_pv.partition_B(sV)),
+            acc_S=acc_S, acc_O=acc_O, tOrP=tOrP,
+            tOrP_as_acc=cute.make_tensor(tOrP.iterator, acc_S.layout),
+            acc_S_mn=acc_S_mn, acc_O_mn=_acc_mn_view(acc_O),
+            row_max=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
+            row_sum=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
+            row_scale=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
+        )
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, TILE_SLOTS)
 
-        wg = tidx // 128  # 0 or 1 among the MMA warpgroups
+        wg = tidx // 128  # index among the MMA warpgroups
         if wg == 0 and cutlass.const_expr(self.pingpong):
             # Ping-pong: warpgroup 0 issues first.
             cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
@@ -496,149 +540,179 @@ class FlashFwdSm90:
             tile = slots[tile_state.index]
             pipe_tile.consumer_release(tile_state)
             tile_state.advance()
-            if tile >= num_tiles:
+            if tile >= shape.num_tiles:
                 running = False
             else:
                 t_start = Int64(0)
                 if cutlass.const_expr(self.trace):
                     t_start = cute.arch.globaltimer()
-                m_block, head, batch = decode_tile(tile, num_m_blocks, num_heads, section)
-                q_start, k_start, sq, sk, tma_b = self.seq_info(
-                    batch, seqlen_q, seqlen_k, varlen, cu_q_ptr, cu_k_ptr)
-                row0 = m_block * self.tile_m
-                if row0 < sq:
-                    n_min, n_max = self.n_block_range(m_block, sq, sk, window_left, window_right)
-                    acc_O.fill(0.0)
-                    row_max.fill(-Float32.inf)
-                    row_sum.fill(0.0)
-                    pipe_q.consumer_wait(q_state)
+                t = self.tile_info(tile, ptrs, shape, totals)
+                row0 = t.m_block * self.tile_m
+                if row0 < self.rows_of(t, shape):
+                    n_min, n_max = self.n_block_range(t, shape)
+                    f.acc_O.fill(0.0)
+                    f.row_max.fill(-Float32.inf)
+                    f.row_sum.fill(0.0)
+                    if cutlass.const_expr(self.decode):
+                        self.load_q_packed(tidx, sQ, t, ptrs, strides, shape)
+                    else:
+                        pipe_q.consumer_wait(q_state)
                     k_state, v_state = self.mainloop(
-                        tidx, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP,
-                        tOrP_as_acc, acc_S, acc_O, acc_S_mn, acc_O_mn, row_max, row_sum,
-                        row_scale, pipe_k, pipe_v, k_state, v_state, n_min, n_max, row0, sq, sk,
-                        window_left, window_right, softmax_scale_log2, softcap_pre)
-                    pipe_q.consumer_release(q_state)
-                    q_state.advance()
-                    self.epilogue(
-                        tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
-                        o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
-                        m_block, head, batch, q_start, sq, softmax_scale,
-                    )
+                        tidx, f, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
+                        shape, softmax)
+                    if cutlass.const_expr(not self.decode):
+                        pipe_q.consumer_release(q_state)
+                        q_state.advance()
+                    self.epilogue(tidx, f, t, ptrs, strides, shape, softmax)
                 if cutlass.const_expr(self.trace):
                     if tidx == 0:
                         # (SM, CTA, start ns, end ns) of this tile; the tile index is unique.
-                        rec = cute.make_tensor(trace_ptr + Int64(tile) * 4, cute.make_layout(4))
+                        rec = cute.make_tensor(ptrs.trace_ptr + Int64(tile) * 4,
+                                               cute.make_layout(4))
                         rec[0] = Int64(cute.arch.smid())
                         rec[1] = Int64(cute.arch.block_idx()[0])
                         rec[2] = t_start
                         rec[3] = cute.arch.globaltimer()
 
     @cute.jit
-    def mainloop(
-        self, tidx, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, tOrP_as_acc,
-        acc_S, acc_O, acc_S_mn, acc_O_mn, row_max, row_sum, row_scale,
-        pipe_k, pipe_v, k_state, v_state, n_min, n_max, row0, sq, sk,
-        window_left, window_right, scale_log2, softcap_pre,
-    ):
+    def load_q_packed(self, tidx, sQ, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape):
+        """Decode kernels: the warpgroup loads its 64 packed rows of Q into shared memory with
+        16-byte loads (rows past the tile's end are zero), then makes them visible to wgmma.
+        Its previous tile's wgmmas have completed (the mainloop ends on wait_group(0))."""
+        g = shape.qhead_per_kvhead
+        wg = tidx // 128
+        lt = tidx % 128
+        chunks = self.hd // 8  # 16-byte chunks per row
+        q_s = cute.assume(strides.q_stride_s, divby=8)
+        q_h = cute.assume(strides.q_stride_h, divby=8)
+        q_b = cute.assume(strides.q_stride_b, divby=8)
+        base = Int64(t.batch) * q_b + Int64(t.q_start) * q_s
+        rows_valid = t.sq * g
+        sQ2 = sQ[None, None, 0]
+        # A run-time loop: unrolled, the per-iteration addresses are hoisted out of the tile
+        # loop and spill at head_dim 256.
+        for i in cutlass.range(64 * chunks // 128, unroll=1):
+            c = lt + i * 128
+            r = wg * 64 + c // chunks
+            ch = c % chunks
+            rr = t.m_block * self.tile_m + r
+            s = rr // g
+            head = t.head * g + (rr - s * g)
+            vals = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
+            vals.fill(0.0)
+            if rr < rows_valid:
+                off = cute.assume(base + Int64(s) * q_s + Int64(head) * q_h + Int64(ch * 8),
+                                  divby=8)
+                src = cute.make_tensor(ptrs.q_ptr + off, cute.make_layout(8))
+                cute.autovec_copy(src, vals)
+            cute.autovec_copy(vals, cute.local_tile(sQ2, (1, 8), (r, ch)))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=3 + wg, number_of_threads=128)
+
+    @cute.jit
+    def mainloop(self, tidx, f: _Frags, pipes, k_state, v_state, t: _Tile, n_range,
+                 shape: Shape, softmax: Softmax):
         """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states."""
+        pipe_k, pipe_v = pipes
+        n_min, n_max = n_range
+        wg = tidx // 128
+        row0 = t.m_block * self.tile_m
+        scale_log2 = softmax.softmax_scale_log2
         if cutlass.const_expr(self.intra_wg_overlap):
             if n_max > n_min:
                 # First (last-in-sequence) block: always masked.
-                self.qk_alone(wg, tiled_mma_qk, acc_S, tSrQ, tSrK, pipe_k, k_state)
+                self.qk_alone(wg, f, pipe_k, k_state)
                 k_state.advance()
-                self.apply_softcap(acc_S_mn, softcap_pre)
-                self.apply_mask(acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, sq, sk,
-                                window_left, window_right)
-                self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
-                self.convert_p(acc_S, tOrP_as_acc)
+                self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
+                self.apply_mask(f.acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, t, shape)
+                self.online_softmax(f, scale_log2)
+                self.convert_p(f)
                 for i in cutlass.range(1, n_max - n_min, unroll=1):
                     col0 = (n_max - 1 - i) * self.tile_n
                     pipe_k.consumer_wait(k_state)
                     pipe_v.consumer_wait(v_state)
                     self.pingpong_wait(wg)
-                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
-                    self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                    self.gemm_qk(f, k_state.index)
+                    self.gemm_pv(f, v_state.index)
                     self.pingpong_signal(wg)
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(k_state)
                     k_state.advance()
-                    self.apply_softcap(acc_S_mn, softcap_pre)
-                    if self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
-                        self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk,
-                                        window_left, window_right)
-                    self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
+                    self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
+                    if self.block_needs_mask(col0, row0, t, shape):
+                        self.apply_mask(f.acc_S_mn, tidx, col0, row0, t, shape)
+                    self.online_softmax(f, scale_log2)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     v_state.advance()
-                    self.rescale_o(acc_O_mn, row_scale)
-                    self.convert_p(acc_S, tOrP_as_acc)
+                    self.rescale_o(f)
+                    self.convert_p(f)
                 # Last PV.
-                self.pv_alone(wg, tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, v_state)
+                self.pv_alone(wg, f, pipe_v, v_state)
                 v_state.advance()
         else:
             for i in cutlass.range(n_max - n_min, unroll=1):
                 col0 = (n_max - 1 - i) * self.tile_n
-                self.qk_alone(wg, tiled_mma_qk, acc_S, tSrQ, tSrK, pipe_k, k_state)
+                self.qk_alone(wg, f, pipe_k, k_state)
                 k_state.advance()
-                self.apply_softcap(acc_S_mn, softcap_pre)
-                if i == 0 or self.block_needs_mask(col0, row0, sq, sk, window_left, window_right):
-                    self.apply_mask(acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right)
-                self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2)
-                self.rescale_o(acc_O_mn, row_scale)
-                self.convert_p(acc_S, tOrP_as_acc)
-                self.pv_alone(wg, tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, v_state)
+                self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
+                if i == 0 or self.block_needs_mask(col0, row0, t, shape):
+                    self.apply_mask(f.acc_S_mn, tidx, col0, row0, t, shape)
+                self.online_softmax(f, scale_log2)
+                self.rescale_o(f)
+                self.convert_p(f)
+                self.pv_alone(wg, f, pipe_v, v_state)
                 v_state.advance()
         return k_state, v_state
 
     @cute.jit
-    def block_needs_mask(self, col0, row0, sq, sk, window_left, window_right):
+    def block_needs_mask(self, col0, row0, t: _Tile, shape: Shape):
         """Whether key block [col0, col0 + tile_n) crosses the sequence end or a mask edge for
-        some row of [row0, row0 + tile_m)."""
+        some row of the m tile."""
+        sq, sk = t.sq, t.sk
+        s_lo, s_hi = self.seq_rows(row0, shape)
         need = col0 + self.tile_n > sk
         if cutlass.const_expr(self.causal):
-            need = need or (col0 + self.tile_n > row0 + sk - sq + 1)
+            need = need or (col0 + self.tile_n > s_lo + sk - sq + 1)
         if cutlass.const_expr(self.local):
-            need = need or (col0 + self.tile_n > row0 + sk - sq + window_right + 1)
-            need = need or (col0 < row0 + self.tile_m - 1 + sk - sq - window_left)
+            need = need or (col0 + self.tile_n > s_lo + sk - sq + shape.window_right + 1)
+            need = need or (col0 < s_hi + sk - sq - shape.window_left)
         return need
 
     @cute.jit
-    def convert_p(self, acc_S, tOrP_as_acc):
+    def convert_p(self, f: _Frags):
         """P (fp32, in acc_S) -> 16-bit A operand of the PV wgmma, written where it stands."""
-        if cutlass.const_expr("xnopin" in self.variant_flags):
-            tOrP_as_acc.store(acc_S.load().to(self.dtype))
-        else:
-            p32 = cute.recast_tensor(tOrP_as_acc, Uint32)
-            ptx_type = "bf16" if cutlass.const_expr(self.dtype == cutlass.BFloat16) else "f16"
-            for j in cutlass.range_constexpr(cute.size(p32)):
-                p32[j] = _cvt_pair_pinned(acc_S[2 * j], acc_S[2 * j + 1], ptx_type)
+        p32 = cute.recast_tensor(f.tOrP_as_acc, Uint32)
+        ptx_type = "bf16" if cutlass.const_expr(self.dtype == cutlass.BFloat16) else "f16"
+        for j in cutlass.range_constexpr(cute.size(p32)):
+            p32[j] = _cvt_pair_pinned(f.acc_S[2 * j], f.acc_S[2 * j + 1], ptx_type)
 
     # Plain Python helpers (inlined while tracing, like pingpong_wait). The caller advances the
     # pipeline state after each: the tracer carries a state through a loop only when the
     # loop body itself rebinds it (an advance inside a helper escapes the loop).
-    def qk_alone(self, wg, tiled_mma_qk, acc_S, tSrQ, tSrK, pipe_k, k_state):
+    def qk_alone(self, wg, f: _Frags, pipe_k, k_state):
         """S = Q K^T for the next key block, waited for (no PV in flight)."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_wait(wg)
-        self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, k_state.index)
+        self.gemm_qk(f, k_state.index)
         self.pingpong_signal(wg)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
 
-    def pv_alone(self, wg, tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, v_state):
+    def pv_alone(self, wg, f: _Frags, pipe_v, v_state):
         """O += P V for the next value block, waited for (no QK in flight)."""
         pipe_v.consumer_wait(v_state)
         self.pingpong_wait(wg)
-        self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+        self.gemm_pv(f, v_state.index)
         self.pingpong_signal(wg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
 
-    def rescale_o(self, acc_O_mn, row_scale):
+    def rescale_o(self, f: _Frags):
         """O *= the online softmax's per-row correction."""
-        for r in range(cute.size(acc_O_mn, mode=[0])):  # static sizes: unrolled while tracing
-            for c in range(cute.size(acc_O_mn, mode=[1])):
-                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+        for r in range(cute.size(f.acc_O_mn, mode=[0])):  # static sizes: unrolled while tracing
+            for c in range(cute.size(f.acc_O_mn, mode=[1])):
+                f.acc_O_mn[r, c] = f.acc_O_mn[r, c] * f.row_scale[r]
 
     def pingpong_wait(self, wg):
         if cutlass.const_expr(self.pingpong):
@@ -649,50 +723,63 @@ class FlashFwdSm90:
             cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
 
     @cute.jit
-    def gemm_qk(self, tiled_mma, acc, tSrQ, tSrK, stage):
+    def gemm_qk(self, f: _Frags, stage):
         """acc = Q K^T (zero-initialised by the first k-block). A fresh MMA atom per call keeps
         the accumulate flag a local value."""
         warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+        atom = cute.make_mma_atom(f.mma_qk.op)
+        for k in cutlass.range_constexpr(cute.size(f.tSrQ, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, k != 0)
-            cute.gemm(atom, acc, tSrQ[None, None, k, 0], tSrK[None, None, k, stage], acc)
+            cute.gemm(atom, f.acc_S, f.tSrQ[None, None, k, 0], f.tSrK[None, None, k, stage],
+                      f.acc_S)
         warpgroup.commit_group()
 
     @cute.jit
-    def gemm_pv(self, tiled_mma, acc, tOrP, tOrV, stage):
+    def gemm_pv(self, f: _Frags, stage):
         """acc += P V."""
         warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
+        atom = cute.make_mma_atom(f.mma_pv.op)
         atom.set(warpgroup.Field.ACCUMULATE, True)
-        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            cute.gemm(atom, acc, tOrP[None, None, k], tOrV[None, None, k, stage], acc)
+        for k in cutlass.range_constexpr(cute.size(f.tOrP, mode=[2])):
+            cute.gemm(atom, f.acc_O, f.tOrP[None, None, k], f.tOrV[None, None, k, stage], f.acc_O)
         warpgroup.commit_group()
 
     @cute.jit
     def apply_softcap(self, acc_S_mn, softcap_pre):
-        """Softcap kernels: S -> tanh(S * softmax_scale / softcap), before the mask (a masked -inf
-        must stay -inf). The host then passes softcap * log2(e) and softcap as the softmax's
-        scales, so P = exp(softcap * tanh(...) - max) and the LSE come out in the usual units."""
+        """Softcap: S -> tanh(S * softmax_scale / softcap), before the mask (a masked -inf must
+        stay -inf). The host then passes softcap * log2(e) and softcap as the softmax's scales,
+        so P = exp(softcap * tanh(...) - max) and the LSE come out in the usual units. Softcap
+        kernels always cap; decode kernels cap when softcap_pre != 0."""
         if cutlass.const_expr(self.softcap):
-            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                    acc_S_mn[r, c] = _tanh_approx(acc_S_mn[r, c] * softcap_pre)
+            self._tanh_all(acc_S_mn, softcap_pre)
+        elif cutlass.const_expr(self.decode):
+            if softcap_pre != Float32(0.0):
+                self._tanh_all(acc_S_mn, softcap_pre)
+
+    def _tanh_all(self, acc_S_mn, softcap_pre):
+        for r in range(cute.size(acc_S_mn, mode=[0])):
+            for c in range(cute.size(acc_S_mn, mode=[1])):
+                acc_S_mn[r, c] = _tanh_approx(acc_S_mn[r, c] * softcap_pre)
 
     @cute.jit
-    def apply_mask(self, acc_S_mn, tidx, col0, row0, sq, sk, window_left, window_right):
+    def apply_mask(self, acc_S_mn, tidx, col0, row0, t: _Tile, shape: Shape):
         """-inf outside the visible keys: col >= sk; causal: col > row + sk - sq; local: col
-        outside [row + sk - sq - window_left, row + sk - sq + window_right]."""
+        outside [row + sk - sq - window_left, row + sk - sq + window_right]. ``row`` is the
+        query row (packed row / group in decode kernels)."""
+        sq, sk = t.sq, t.sk
         thr_col = col0 + 2 * (tidx % 4)
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-            diag = row0 + _frag_row(tidx, r) + sk - sq - thr_col
+            row = row0 + _frag_row(tidx, r)
+            if cutlass.const_expr(self.decode):
+                row = row // shape.qhead_per_kvhead
+            diag = row + sk - sq - thr_col
             hi = sk - thr_col  # columns c with c < hi are visible (c relative to thr_col)
             lo = Int32(-(1 << 30))
             if cutlass.const_expr(self.causal):
                 hi = cutlass.min(hi, diag + 1)
             if cutlass.const_expr(self.local):
-                hi = cutlass.min(hi, diag + window_right + 1)
-                lo = diag - window_left
+                hi = cutlass.min(hi, diag + shape.window_right + 1)
+                lo = diag - shape.window_left
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                 cs = _frag_col_static(c)
                 if cutlass.const_expr(self.local):
@@ -703,9 +790,10 @@ class FlashFwdSm90:
                         acc_S_mn[r, c] = -Float32.inf
 
     @cute.jit
-    def online_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2):
+    def online_softmax(self, f: _Frags, scale_log2):
         """S -> P = exp2(S * scale_log2 - rowmax * scale_log2) in place; row_scale gets the
         factor the running O must be multiplied by."""
+        acc_S_mn, row_max, row_sum, row_scale = f.acc_S_mn, f.row_max, f.row_sum, f.row_scale
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             m_old = row_max[r]
             n_cols = cute.size(acc_S_mn, mode=[1])
@@ -724,50 +812,94 @@ class FlashFwdSm90:
             row_sum[r] = row_sum[r] * rescale + s
             row_scale[r] = rescale
 
+    # ------------------------------------------------------------------ epilogue
     @cute.jit
-    def epilogue(self, tidx, acc_O, acc_O_mn, row_max, row_sum, o_ptr, lse_ptr,
-                 o_stride_s, o_stride_h, o_stride_b, lse_stride_h, lse_stride_b,
-                 m_block, head, batch, q_start, sq, softmax_scale):
-        """O /= row sum; LSE = max * scale + log(sum) (or -inf for rows that saw no key)."""
+    def epilogue(self, tidx, f: _Frags, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape,
+                 softmax: Softmax):
+        """O /= row sum; LSE = max * scale + log(sum) (or -inf for rows that saw no key).
+        Written to out/lse, or (decode kernels with num_splits > 1) to the fp32 partial
+        buffers for the combine kernel."""
+        acc_O_mn = f.acc_O_mn
         n_rows = cute.size(acc_O_mn, mode=[0])
-        row0 = m_block * self.tile_m
-        lse_base = Int64(head) * lse_stride_h + Int64(batch) * lse_stride_b + Int64(q_start)
+        row0 = t.m_block * self.tile_m
+        lse_vals = []
         for r in cutlass.range_constexpr(n_rows):
-            total = row_sum[r]
+            total = f.row_sum[r]
             total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
             total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
             inv = Float32(0.0)
             lse = -Float32.inf
             if total > 0.0:
                 inv = cute.arch.rcp_approx(total)
-                lse = row_max[r] * softmax_scale + cute.math.log(total, fastmath=True)
+                lse = f.row_max[r] * softmax.softmax_scale + cute.math.log(total, fastmath=True)
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv
-            row = row0 + _frag_row(tidx, r)
-            if tidx % 4 == 0 and row < sq:
-                lse_t = cute.make_tensor(lse_ptr + (lse_base + Int64(row)), cute.make_layout(1))
-                lse_t[0] = lse
+            lse_vals.append(lse)
+        if cutlass.const_expr(self.decode):
+            if shape.num_splits > 1:
+                self.store_partial(tidx, f, t, lse_vals, ptrs, shape)
+            else:
+                self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
+        else:
+            self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
 
-        rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+    @cute.jit
+    def row_target(self, tidx, r, t: _Tile, shape: Shape):
+        """(query row inside the batch entry, head) of accumulator row ``r`` of this thread."""
+        rr = t.m_block * self.tile_m + _frag_row(tidx, r)
+        if cutlass.const_expr(self.decode):
+            s = rr // shape.qhead_per_kvhead
+            return s, t.head * shape.qhead_per_kvhead + (rr - s * shape.qhead_per_kvhead)
+        return rr, t.head
+
+    @cute.jit
+    def store_out(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs, strides: Strides,
+                  shape: Shape):
+        rO = cute.make_rmem_tensor(f.acc_O.layout, self.dtype)
+        rO.store(f.acc_O.load().to(self.dtype))
         # Adjacent columns pairs (c, c+1) sit next to each other in the fragment: store them as
         # one 32-bit word. The runtime guarantees 16-byte aligned output strides: tell the
         # compiler, so the 32-bit stores stay 32-bit.
         rO32 = cute.recast_tensor(rO, cutlass.Uint32)
-        o_stride_s = cute.assume(o_stride_s, divby=8)
-        o_stride_h = cute.assume(o_stride_h, divby=8)
-        o_stride_b = cute.assume(o_stride_b, divby=8)
-        o_off = (Int64(head) * o_stride_h + Int64(batch) * o_stride_b
-                 + Int64(q_start + row0) * o_stride_s)
+        o_stride_s = cute.assume(strides.o_stride_s, divby=8)
+        o_stride_h = cute.assume(strides.o_stride_h, divby=8)
+        o_stride_b = cute.assume(strides.o_stride_b, divby=8)
         rO32_mn = _acc_mn_view(rO32)  # (2 rows, hd/8 column pairs)
         n_pairs = cute.size(rO32_mn, mode=[1])
         for r in cutlass.range_constexpr(cute.size(rO32_mn, mode=[0])):
-            rr = _frag_row(tidx, r)
-            if row0 + rr < sq:
+            s, head = self.row_target(tidx, r, t, shape)
+            if s < t.sq:
+                if tidx % 4 == 0:
+                    lse_off = (Int64(head) * strides.lse_stride_h
+                               + Int64(t.batch) * strides.lse_stride_b + Int64(t.q_start + s))
+                    cute.make_tensor(ptrs.lse_ptr + lse_off, cute.make_layout(1))[0] = lse_vals[r]
                 # One base pointer per row; the pairs sit at constant offsets from it (so the
                 # compiler folds them into the stores instead of keeping one address per value).
-                row_ptr = cute.recast_ptr(o_ptr + (o_off + Int64(rr) * o_stride_s),
-                                          dtype=cutlass.Uint32)  # 16-byte aligned row start
+                o_off = (Int64(head) * o_stride_h + Int64(t.batch) * o_stride_b
+                         + Int64(t.q_start + s) * o_stride_s)
+                row_ptr = cute.recast_ptr(ptrs.o_ptr + o_off, dtype=cutlass.Uint32)
                 gRow = cute.make_tensor(row_ptr + (tidx % 4), cute.make_layout(n_pairs, stride=4))
                 for j in cutlass.range_constexpr(n_pairs):
                     gRow[j] = rO32_mn[r, j]
+
+    @cute.jit
+    def store_partial(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs, shape: Shape):
+        """Split-KV: normalised fp32 O to oacc (num_splits, acc_rows, heads, d) and the LSE to
+        lseacc (num_splits, acc_rows, heads); acc row = batch * seqlen_q + row (dense) or
+        q_start + row (varlen)."""
+        acc_O_mn = f.acc_O_mn
+        n_cols = cute.size(acc_O_mn, mode=[1])
+        row_base = t.batch * shape.seqlen_q
+        if shape.seq_mode & SEQ_VARLEN != 0:
+            row_base = t.q_start
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            s, head = self.row_target(tidx, r, t, shape)
+            if s < t.sq:
+                n = ((Int64(t.split) * shape.acc_rows + Int64(row_base + s)) * shape.num_heads
+                     + Int64(head))
+                if tidx % 4 == 0:
+                    cute.make_tensor(ptrs.lseacc_ptr + n, cute.make_layout(1))[0] = lse_vals[r]
+                gRow = cute.make_tensor(ptrs.oacc_ptr + (n * self.hd + Int64(2 * (tidx % 4))),
+                                        cute.make_layout((2, n_cols // 2), stride=(1, 8)))
+                for c in cutlass.range_constexpr(n_cols):
+                    gRow[c % 2, c // 2] = acc_O_mn[r, c]

@@ -1,0 +1,56 @@
+"""Host rules of the decode / short-query path (pure Python: no torch, no CUDA).
+
+The decode kernels (``KernelConfig.decode``) pack the ``g = heads // kv_heads`` query heads
+of one KV head into the rows of a 64-row m tile (packed GQA: K and V are read once per KV head)
+and can cut each tile's key range into ``num_splits`` parts (split-KV, flash-decoding), merged
+by the combine kernel. See ``fa4_aot/kernels/sm90_fwd.py`` and ``combine.py``.
+"""
+
+from __future__ import annotations
+
+DECODE_TILE_M = 64
+# The decode path serves calls whose packed rows (seqlen_q * group) fill at most this many
+# rows: two 64-row tiles. Longer queries fill the 128-row tiles of the prefill kernels.
+MAX_PACKED_ROWS = 128
+MAX_SPLITS = 128
+# Split only while each split keeps at least this many key blocks: a split costs a tile
+# start-up (Q load, pipeline fill) and the combine reads its partial result again.
+MIN_BLOCKS_PER_SPLIT = 4
+
+
+def use_decode_kernels(seqlen_q: int, group: int, num_splits: int | None,
+                       scheduler: str, trace: bool = False) -> bool:
+    """Whether a call runs on the decode kernels: short queries (seqlen_q * group <= 128
+    packed rows), or any call that asks for num_splits > 1; work stealing only (the decode
+    kernels are built for ``steal``, which ``auto`` picks)."""
+    if trace or scheduler not in ("auto", "steal"):
+        return False
+    if num_splits is not None and num_splits > 1:
+        return True
+    return seqlen_q * group <= MAX_PACKED_ROWS
+
+
+def choose_num_splits(tiles: int, n_blocks: int, num_sms: int) -> int:
+    """Split count for ``tiles`` (m tile, KV head, batch) work items of ``n_blocks`` key blocks.
+
+    No split while the tiles alone give the persistent grid 80 % of a wave or more (work
+    stealing balances the rest). Otherwise enough splits for about two work items per SM, so
+    that the stealing CTAs have something to balance, but never fewer than
+    :data:`MIN_BLOCKS_PER_SPLIT` key blocks per split and never more than :data:`MAX_SPLITS`.
+    Examples on 132 SMs (hd128, 128-key blocks): B=32 x 8 KV heads, 8k keys -> 1;
+    B=8 x 8 KV heads, 32k keys -> 5; B=1 x 8 KV heads, 128k keys -> 33."""
+    if tiles <= 0 or n_blocks <= 1 or tiles * 5 >= num_sms * 4:
+        return 1
+    want = -(-2 * num_sms // tiles)
+    return max(1, min(want, n_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
+
+
+def split_ranges(n_min: int, n_max: int, num_splits: int) -> list[tuple[int, int]]:
+    """The key-block range of each split (the kernels' rule, mirrored for the tests): equal
+    parts of ceil((n_max - n_min) / num_splits) blocks, trailing splits possibly empty."""
+    per = -(-(n_max - n_min) // num_splits) if num_splits else 0
+    out = []
+    for s in range(num_splits):
+        lo = min(n_min + s * per, n_max)
+        out.append((lo, min(lo + per, n_max)))
+    return out
