@@ -36,6 +36,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 
 ABI_VERSION = 3
+KV_CHUNK = 16  # keys per K/V TMA load of the decode kernels (one page-table lookup each)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
         ("cu_seqlens_k", "i32", 4, "int32 (batch + 1) document offsets of packed k/v (varlen)"),
         ("seqused_q", "i32", 4, "int32 (batch,) used query rows per batch entry (seq_mode bit 2)"),
         ("seqused_k", "i32", 4, "int32 (batch,) used keys per batch entry (seq_mode bit 4)"),
+        ("page_table", "i32", 4, "paged KV (decode kernels): int32 (batch, pages_per_seq) page "
+                                 "indices into k/v (num_pages, page_size, kv_heads, d)"),
     ),
     _scalars("Strides", "i64",
              ("q_stride_s", "q stride of the seqlen axis, elements"),
@@ -116,7 +119,8 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
              ("o_stride_h", "output stride of the head axis, elements"),
              ("o_stride_b", "output stride of the batch axis, elements (0 for varlen)"),
              ("lse_stride_h", "LSE stride of the head axis, elements"),
-             ("lse_stride_b", "LSE stride of the batch axis, elements (0 for varlen)")),
+             ("lse_stride_b", "LSE stride of the batch axis, elements (0 for varlen)"),
+             ("page_table_stride", "paged KV: page_table row stride, elements")),
     _scalars("Shape", "i32",
              ("seqlen_q", "query length (max_seqlen_q for varlen)"),
              ("seqlen_k", "key/value length (max_seqlen_k for varlen)"),
@@ -131,7 +135,10 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
              ("acc_rows", "split-KV: rows of the partial buffers (batch * seqlen_q, or total_q)"),
              ("seq_mode", "bit 1: varlen (cu_seqlens); bit 2: seqused_q; bit 4: seqused_k"),
              ("window_left", "local mask: keys visible down to row + sk - sq - window_left"),
-             ("window_right", "local mask: keys visible up to row + sk - sq + window_right")),
+             ("window_right", "local mask: keys visible up to row + sk - sq + window_right"),
+             ("page_size", "paged KV: keys per page (a multiple of 16); 0 = contiguous K/V"),
+             ("pages_per_seq", "paged KV: page_table columns (page indices read are clamped "
+                               "to them)")),
     _scalars("Softmax", "f32",
              ("softmax_scale_log2", "softmax_scale * log2(e) (softcap: softcap * log2(e))"),
              ("softmax_scale", "softmax_scale (softcap: softcap)"),
@@ -157,7 +164,7 @@ COMBINE_SM90 = KernelSpec("combine_sm90", (), (
         ("o_ptr", "io", 16, "output, (batch, seqlen_q, heads, d)"),
         ("lse_ptr", "f32", 4, "fp32 LSE, (batch, heads, seqlen_q) / varlen (heads, total_q)"),
     ),
-    Group("Strides", FWD_SM90.groups[1].args[3:]),
+    Group("Strides", FWD_SM90.groups[1].args[3:8]),
     _scalars("Shape", "i32",
              ("num_splits", "partial results per row"),
              ("acc_rows", "rows of the partial buffers (batch * seqlen_q, or total_q)"),
@@ -201,7 +208,8 @@ def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
 
 
 def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n: int) -> list[dict]:
-    """The kernel's PTX parameters, in order, as manifest records."""
+    """The kernel's PTX parameters, in order, as manifest records. ``tile_m``/``tile_n``: rows
+    of the Q and K/V TMA boxes (decode kernels load K/V in 16-key chunks)."""
     box_inner, swz = head_dim_swizzle(head_dim)  # d is loaded in box_inner-wide chunks
     params = []
     for t in spec.tensors:
@@ -233,7 +241,7 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
     return {
         "abi_version": ABI_VERSION,
         "family": spec.family,
-        "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m, t.n),
+        "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m, KV_CHUNK if cfg.decode else t.n),
         "block": [cfg.threads, 1, 1],
         "cluster": [1, 1, 1],
         "dynamic_smem_bytes": dynamic_smem_bytes,

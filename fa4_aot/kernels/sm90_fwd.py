@@ -49,17 +49,18 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from fa4_aot.abi import FWD_SM90
+from fa4_aot.abi import FWD_SM90, KV_CHUNK
 from fa4_aot.configs import KernelConfig
 from fa4_aot.schedule import decode_tile
 
-from .tile_sched import TILE_SLOTS, first_tile, next_tile
+from .common import (SEQ_VARLEN, TREE, BlockInfo, RowView, mask_row, online_softmax_row,
+                     seqlen_info)
+from .tile_sched import TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 GROUPS = FWD_SM90.group_types()
 Ptrs, Strides, Shape, Softmax = (GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax"))
 
-SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K = 1, 2, 4  # Shape.seq_mode bits
 
 
 def _acc_mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -106,17 +107,6 @@ def _tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-def _tree(op, vals):
-    """Pairwise reduction (depth log2(n) instead of a chain of n dependent ops)."""
-    vals = list(vals)
-    while len(vals) > 1:
-        nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]
-        if len(vals) % 2:
-            nxt.append(vals[-1])
-        vals = nxt
-    return vals[0]
-
-
 def _frag_row(tidx, r):
     """Row (inside the m tile) of row ``r`` (0 or 1) of a wgmma m64 accumulator held by
     consumer thread ``tidx``: warpgroup * 64 + warp * 16 + lane / 4 + 8 * r."""
@@ -143,7 +133,8 @@ class _Tile:
     k_start: object
     sq: object
     sk: object
-    tma_b: object
+    q_b: object  # batch coordinate of q (0 for packed documents)
+    k_b: object  # batch coordinate of k/v (0 for packed documents)
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,16 +174,20 @@ class FlashFwdSm90:
         self.threads = cfg.threads
         self.num_mma_wg = self.tile_m // 64
         assert self.threads == 128 * (1 + self.num_mma_wg)
-        self.producer_regs = 24
+        # The decode kernels' producer also looks up pages; with one MMA warpgroup (256
+        # threads) it can have more registers.
+        self.producer_regs = 56 if self.decode else 24
         self.mma_regs = 240
+        self.binfo = BlockInfo(self.tile_m, self.tile_n, self.causal, self.local)
         self.intra_wg_overlap = cfg.tile.overlap
         self.pingpong = cfg.tile.pingpong and self.num_mma_wg == 2
 
     # ------------------------------------------------------------------ static pieces
-    def _mmas_and_layouts(self):
+    def _mmas_and_layouts(self, kv_rows=None):
         dt = self.dtype
-        qk_tiler = (self.tile_m, self.tile_n, self.hd)
-        pv_tiler = (self.tile_m, self.hd, self.tile_n)
+        kv_rows = kv_rows or self.tile_n
+        qk_tiler = (self.tile_m, kv_rows, self.hd)
+        pv_tiler = (self.tile_m, self.hd, kv_rows)
         mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
             (self.num_mma_wg, 1, 1), (64, self.tile_n),
@@ -202,8 +197,9 @@ class FlashFwdSm90:
             (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
         )
         sQ = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, 1)
-        sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.kv_stages)
-        sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, self.kv_stages)
+        stages = self.kv_stages if kv_rows == self.tile_n else 1
+        sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, stages)
+        sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, stages)
         return mma_qk, mma_pv, sQ, sK, sV
 
     # ------------------------------------------------------------------ host side (trace only)
@@ -232,10 +228,12 @@ class FlashFwdSm90:
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(
             g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, self.hd))
+        kv_rows = KV_CHUNK if self.decode else self.tile_n  # decode: chunked (paged) loads
+        _, _, _, sK_box, sV_box = self._mmas_and_layouts(kv_rows)
         tma_k, tK = cpasync.make_tiled_tma_atom(
-            g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, self.hd))
+            g2s, mK, cute.slice_(sK_box, (None, None, 0)), (kv_rows, self.hd))
         tma_v, tV = cpasync.make_tiled_tma_atom(
-            g2s, mVt, cute.slice_(sV_layout, (None, None, 0)), (self.hd, self.tile_n))
+            g2s, mVt, cute.slice_(sV_box, (None, None, 0)), (self.hd, kv_rows))
         self.q_bytes = cute.size_in_bytes(dt, cute.slice_(sQ_layout, (None, None, 0)))
         self.kv_bytes = cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
 
@@ -310,7 +308,7 @@ class FlashFwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.producer((tma_q, tQ, tma_k, tK, tma_v, tV), (sQ, sK, sV, slots), pipes,
-                              ptrs, shape, totals)
+                              ptrs, strides, shape, totals)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, sK, sV, slots), pipes,
@@ -331,32 +329,10 @@ class FlashFwdSm90:
                                            shape.section)
         return m_block, head, batch, Int32(0)
 
-    @cute.jit
-    def seq_info(self, batch, ptrs: Ptrs, shape: Shape, totals):
-        """(q_start, k_start, seqlen_q, seqlen_k, tma_batch) of one batch entry. Offsets from
-        cu_seqlens are clamped into [0, packed length] and lengths to >= 0, whatever the
-        offsets say; seqused_q/k only shorten."""
-        q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), shape.seqlen_q, shape.seqlen_k, batch
-        if shape.seq_mode & SEQ_VARLEN != 0:
-            cq = cute.make_tensor(ptrs.cu_seqlens_q + batch, cute.make_layout(2))
-            ck = cute.make_tensor(ptrs.cu_seqlens_k + batch, cute.make_layout(2))
-            q_start = cutlass.min(cutlass.max(cq[0], Int32(0)), totals[0])
-            k_start = cutlass.min(cutlass.max(ck[0], Int32(0)), totals[1])
-            sq = cutlass.min(cutlass.max(cq[1], q_start), totals[0]) - q_start
-            sk = cutlass.min(cutlass.max(ck[1], k_start), totals[1]) - k_start
-            tma_b = Int32(0)
-        if shape.seq_mode & SEQ_USED_Q != 0:
-            sq = cutlass.min(sq, cutlass.max(cute.make_tensor(
-                ptrs.seqused_q + batch, cute.make_layout(1))[0], Int32(0)))
-        if shape.seq_mode & SEQ_USED_K != 0:
-            sk = cutlass.min(sk, cutlass.max(cute.make_tensor(
-                ptrs.seqused_k + batch, cute.make_layout(1))[0], Int32(0)))
-        return q_start, k_start, sq, sk, tma_b
-
     def tile_info(self, tile, ptrs: Ptrs, shape: Shape, totals) -> _Tile:
         m_block, head, batch, split = self.tile_coords(tile, shape)
-        q_start, k_start, sq, sk, tma_b = self.seq_info(batch, ptrs, shape, totals)
-        return _Tile(m_block, head, batch, split, q_start, k_start, sq, sk, tma_b)
+        return _Tile(m_block, head, batch, split,
+                     *seqlen_info(batch, shape, ptrs, totals, separate_kv=self.decode))
 
     def rows_of(self, t: _Tile, shape: Shape):
         """Rows of the tile's (head, batch) pair: query rows, times the group with packed GQA."""
@@ -375,17 +351,9 @@ class FlashFwdSm90:
     def n_block_range(self, t: _Tile, shape: Shape):
         """[n_min, n_max): the key blocks the tile sees (mask: full, causal or local; with
         split-KV, the tile's split of them)."""
-        sq, sk = t.sq, t.sk
         s_lo, s_hi = self.seq_rows(t.m_block * self.tile_m, shape)
-        hi = sk
-        lo = Int32(0)
-        if cutlass.const_expr(self.causal):
-            hi = cutlass.min(sk, s_hi + 1 + sk - sq)
-        if cutlass.const_expr(self.local):
-            hi = cutlass.min(sk, s_hi + 1 + sk - sq + shape.window_right)
-            lo = cutlass.max(Int32(0), s_lo + sk - sq - shape.window_left)
-        n_max = cutlass.max(Int32(0), (hi + self.tile_n - 1) // self.tile_n)
-        n_min = cutlass.min(lo // self.tile_n, n_max)
+        n_min, n_max = self.binfo.n_block_range(t.m_block, t.sq, t.sk, shape.window_left,
+                                                shape.window_right, s_lo, s_hi)
         if cutlass.const_expr(self.decode):
             per = (n_max - n_min + shape.num_splits - 1) // shape.num_splits
             n_min = cutlass.min(n_min + t.split * per, n_max)
@@ -394,7 +362,7 @@ class FlashFwdSm90:
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
-    def producer(self, tma, smem, pipes, ptrs: Ptrs, shape: Shape, totals):
+    def producer(self, tma, smem, pipes, ptrs: Ptrs, strides: Strides, shape: Shape, totals):
         tma_q, tQ, tma_k, tK, tma_v, tV = tma
         sQ, sK, sV, slots = smem
         pipe_q, pipe_k, pipe_v, pipe_tile = pipes
@@ -407,7 +375,8 @@ class FlashFwdSm90:
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, TILE_SLOTS)
         lane = cute.arch.lane_idx()
 
-        tile = first_tile()
+        sched = self.scheduler(ptrs, shape)
+        tile = sched.first()
         running = cutlass.Boolean(True)
         while running:
             if shape.seq_mode & SEQ_VARLEN != 0:
@@ -426,23 +395,11 @@ class FlashFwdSm90:
                 if cutlass.const_expr(not self.decode):
                     kv_head = t.head // shape.qhead_per_kvhead
                 valid = t.m_block * self.tile_m < self.rows_of(t, shape)
-                gK = cute.local_tile(
-                    cute.domain_offset((t.k_start, 0), tK[None, None, kv_head, t.tma_b]),
-                    (self.tile_n, self.hd), (None, 0))
-                tKs, tKg = cpasync.tma_partition(
-                    tma_k, 0, cute.make_layout(1),
-                    cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                gV = cute.local_tile(
-                    cute.domain_offset((0, t.k_start), tV[None, None, kv_head, t.tma_b]),
-                    (self.hd, self.tile_n), (0, None))
-                tVs, tVg = cpasync.tma_partition(
-                    tma_v, 0, cute.make_layout(1),
-                    cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
                 if cutlass.const_expr(not self.decode):  # decode: the MMA warpgroup loads Q
                     # varlen: shift the coordinate tensor to the document's first row.
                     gQ = cute.local_tile(
-                        cute.domain_offset((t.q_start, 0), tQ[None, None, t.head, t.tma_b]),
+                        cute.domain_offset((t.q_start, 0), tQ[None, None, t.head, t.q_b]),
                         (self.tile_m, self.hd), (t.m_block, 0))
                     tQs, tQg = cpasync.tma_partition(
                         tma_q, 0, cute.make_layout(1),
@@ -456,19 +413,81 @@ class FlashFwdSm90:
                 n_min, n_max = self.n_block_range(t, shape)
                 if not valid:
                     n_max = n_min
-                for i in cutlass.range(n_max - n_min, unroll=1):
-                    n_block = n_max - 1 - i
-                    pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_k, tKg[None, n_block], tKs[None, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_v, tVg[None, n_block], tVs[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
+                if cutlass.const_expr(self.decode):
+                    for i in cutlass.range(n_max - n_min, unroll=1):
+                        n_block = n_max - 1 - i
+                        pipe_k.producer_acquire(kv_state)
+                        self.load_kv_chunks(tma_k, tK, sK, False, n_block, kv_state.index,
+                                            pipe_k.producer_get_barrier(kv_state), t, kv_head,
+                                            (ptrs, strides, shape))
+                        pipe_v.producer_acquire(kv_state)
+                        self.load_kv_chunks(tma_v, tV, sV, True, n_block, kv_state.index,
+                                            pipe_v.producer_get_barrier(kv_state), t, kv_head,
+                                            (ptrs, strides, shape))
+                        kv_state.advance()
+                else:
+                    gK = cute.local_tile(
+                        cute.domain_offset((t.k_start, 0), tK[None, None, kv_head, t.k_b]),
+                        (self.tile_n, self.hd), (None, 0))
+                    tKs, tKg = cpasync.tma_partition(
+                        tma_k, 0, cute.make_layout(1),
+                        cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+                    gV = cute.local_tile(
+                        cute.domain_offset((0, t.k_start), tV[None, None, kv_head, t.k_b]),
+                        (self.hd, self.tile_n), (0, None))
+                    tVs, tVg = cpasync.tma_partition(
+                        tma_v, 0, cute.make_layout(1),
+                        cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+                    for i in cutlass.range(n_max - n_min, unroll=1):
+                        n_block = n_max - 1 - i
+                        pipe_k.producer_acquire(kv_state)
+                        cute.copy(tma_k, tKg[None, n_block], tKs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                        pipe_v.producer_acquire(kv_state)
+                        cute.copy(tma_v, tVg[None, n_block], tVs[None, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                        kv_state.advance()
                 # Fetch the next tile once this tile's loads are issued: the consumers are still
                 # kv_stages blocks behind, so the atomic's latency stays hidden, and fewer values
                 # are live here than before the loop (the producer has 24 registers).
-                tile = next_tile(self.sched, tile, shape.num_tiles, ptrs.sched_ptr)
+                tile, _ = sched.next(tile)
+
+    def scheduler(self, ptrs: Ptrs, shape: Shape) -> AtomicCounterScheduler:
+        return AtomicCounterScheduler(
+            self.sched, TileSchedParams(shape.num_m_blocks, shape.section, shape.num_tiles),
+            ptrs.sched_ptr)
+
+    @cute.jit
+    def load_kv_chunks(self, tma, tX, sX, is_v: cutlass.Constexpr, n_block, stage, bar,
+                       t: _Tile, kv_head, groups):
+        """Decode kernels: key block ``n_block`` of K (or V) in KV_CHUNK-key TMA loads, each
+        from its own place: contiguous rows ``k_start + key`` of batch entry ``k_b``, or with
+        paged KV (``page_size != 0``) row ``key % page_size`` of page
+        ``page_table[batch, key // page_size]`` (the table column clamped to its width; a page
+        index outside the cache makes TMA fill zeros, never read outside k/v)."""
+        ptrs, strides, shape = groups
+        for c in cutlass.range_constexpr(self.tile_n // KV_CHUNK):
+            key = n_block * self.tile_n + c * KV_CHUNK
+            row = t.k_start + key
+            page = t.k_b
+            if shape.page_size != 0:
+                col = key // shape.page_size
+                row = key - col * shape.page_size
+                col = cutlass.min(col, shape.pages_per_seq - 1)
+                page = cute.make_tensor(
+                    ptrs.page_table + (Int64(t.batch) * strides.page_table_stride + Int64(col)),
+                    cute.make_layout(1))[0]
+            if cutlass.const_expr(is_v):
+                g = cute.local_tile(cute.domain_offset((0, row), tX[None, None, kv_head, page]),
+                                    (self.hd, KV_CHUNK), (0, 0))
+                sc = cute.local_tile(sX[None, None, stage], (self.hd, KV_CHUNK), (0, c))
+            else:
+                g = cute.local_tile(cute.domain_offset((row, 0), tX[None, None, kv_head, page]),
+                                    (KV_CHUNK, self.hd), (0, 0))
+                sc = cute.local_tile(sX[None, None, stage], (KV_CHUNK, self.hd), (c, 0))
+            ts, tg = cpasync.tma_partition(tma, 0, cute.make_layout(1),
+                                           cute.group_modes(sc, 0, 2), cute.group_modes(g, 0, 2))
+            cute.copy(tma, tg, ts, tma_bar_ptr=bar)
 
     @cute.jit
     def skip_empty_tiles(self, tile, ptrs: Ptrs, shape: Shape):
@@ -477,6 +496,7 @@ class FlashFwdSm90:
         here instead of handing them to the consumers, so their fetches overlap the consumers'
         current tile. (A cheap test on cu_seqlens_q only: the consumers skip whatever else
         turns out empty.)"""
+        sched = self.scheduler(ptrs, shape)
         empty = tile < shape.num_tiles
         while empty:
             m_block, head, batch, split = self.tile_coords(tile, shape)
@@ -487,7 +507,7 @@ class FlashFwdSm90:
             if m_block * self.tile_m < rows:
                 empty = False
             else:
-                tile = next_tile(self.sched, tile, shape.num_tiles, ptrs.sched_ptr)
+                tile, _ = sched.next(tile)
                 empty = tile < shape.num_tiles
         return tile
 
@@ -669,15 +689,9 @@ class FlashFwdSm90:
     def block_needs_mask(self, col0, row0, t: _Tile, shape: Shape):
         """Whether key block [col0, col0 + tile_n) crosses the sequence end or a mask edge for
         some row of the m tile."""
-        sq, sk = t.sq, t.sk
         s_lo, s_hi = self.seq_rows(row0, shape)
-        need = col0 + self.tile_n > sk
-        if cutlass.const_expr(self.causal):
-            need = need or (col0 + self.tile_n > s_lo + sk - sq + 1)
-        if cutlass.const_expr(self.local):
-            need = need or (col0 + self.tile_n > s_lo + sk - sq + shape.window_right + 1)
-            need = need or (col0 < s_hi + sk - sq - shape.window_left)
-        return need
+        return self.binfo.block_needs_mask(col0, s_lo, t.sq, t.sk, shape.window_left,
+                                           shape.window_right, s_hi)
 
     @cute.jit
     def convert_p(self, f: _Frags):
@@ -766,51 +780,27 @@ class FlashFwdSm90:
         """-inf outside the visible keys: col >= sk; causal: col > row + sk - sq; local: col
         outside [row + sk - sq - window_left, row + sk - sq + window_right]. ``row`` is the
         query row (packed row / group in decode kernels)."""
-        sq, sk = t.sq, t.sk
         thr_col = col0 + 2 * (tidx % 4)
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             row = row0 + _frag_row(tidx, r)
             if cutlass.const_expr(self.decode):
                 row = row // shape.qhead_per_kvhead
-            diag = row + sk - sq - thr_col
-            hi = sk - thr_col  # columns c with c < hi are visible (c relative to thr_col)
-            lo = Int32(-(1 << 30))
-            if cutlass.const_expr(self.causal):
-                hi = cutlass.min(hi, diag + 1)
-            if cutlass.const_expr(self.local):
-                hi = cutlass.min(hi, diag + shape.window_right + 1)
-                lo = diag - shape.window_left
-            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                cs = _frag_col_static(c)
-                if cutlass.const_expr(self.local):
-                    if cs >= hi or cs < lo:
-                        acc_S_mn[r, c] = -Float32.inf
-                else:
-                    if cs >= hi:
-                        acc_S_mn[r, c] = -Float32.inf
+            lo, hi = self.binfo.col_limits(row, thr_col, t.sq, t.sk, shape.window_left,
+                                           shape.window_right)
+            mask_row(RowView(acc_S_mn, r), cute.size(acc_S_mn, mode=[1]), _frag_col_static, hi,
+                     lo if cutlass.const_expr(self.local) else None)
 
     @cute.jit
     def online_softmax(self, f: _Frags, scale_log2):
         """S -> P = exp2(S * scale_log2 - rowmax * scale_log2) in place; row_scale gets the
         factor the running O must be multiplied by."""
-        acc_S_mn, row_max, row_sum, row_scale = f.acc_S_mn, f.row_max, f.row_sum, f.row_scale
-        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-            m_old = row_max[r]
-            n_cols = cute.size(acc_S_mn, mode=[1])
-            m_new = cute.arch.fmax(m_old, _tree(cute.arch.fmax, [acc_S_mn[r, c] for c in range(n_cols)]))
-            m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=1))
-            m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=2))
-            row_max[r] = m_new
-            m_safe = m_new
-            if m_new == -Float32.inf:
-                m_safe = Float32(0.0)
-            shift = m_safe * scale_log2
-            rescale = cute.math.exp2(m_old * scale_log2 - shift, fastmath=True)
-            for c in cutlass.range_constexpr(n_cols):
-                acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - shift, fastmath=True)
-            s = _tree(lambda a, b: a + b, [acc_S_mn[r, c] for c in range(n_cols)])
-            row_sum[r] = row_sum[r] * rescale + s
-            row_scale[r] = rescale
+        for r in cutlass.range_constexpr(cute.size(f.acc_S_mn, mode=[0])):
+            m_new, s_new, rescale = online_softmax_row(
+                RowView(f.acc_S_mn, r), cute.size(f.acc_S_mn, mode=[1]), f.row_max[r],
+                f.row_sum[r], scale_log2, TREE, quad_lanes=True)
+            f.row_max[r] = m_new
+            f.row_sum[r] = s_new
+            f.row_scale[r] = rescale
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit

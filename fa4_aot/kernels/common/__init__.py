@@ -40,11 +40,12 @@ Online softmax (``softmax.py``)
         (0 and -inf for a row that saw no key); ``row_sum`` already reduced over the quad.
 
 Sequence info (``seqlen.py``)
-    ``SeqlenInfo(q_start, k_start, sq, sk, tma_batch)`` (NamedTuple) and
-    ``seqlen_info(batch, shape, ptrs=None, totals=None)``: a batch entry's offsets and
-    lengths; ``shape``/``ptrs`` are the launch-ABI groups (``seq_mode`` bits ``SEQ_VARLEN``,
-    ``SEQ_USED_Q``, ``SEQ_USED_K``: cu_seqlens offsets clamped into the packed lengths
-    ``totals``, seqused only shortens); ``ptrs=None``: a kernel without varlen.
+    ``SeqlenInfo(q_start, k_start, sq, sk, q_b, k_b)`` (NamedTuple) and
+    ``seqlen_info(batch, shape, ptrs=None, totals=None, separate_kv=False)``: a batch entry's
+    offsets, lengths and q / k-v batch coordinates; ``shape``/``ptrs`` are the launch-ABI
+    groups (``seq_mode`` bits ``SEQ_VARLEN``, ``SEQ_USED_Q``, ``SEQ_USED_K``,
+    ``SEQ_VARLEN_K``: cu_seqlens offsets clamped into the packed lengths ``totals``, seqused
+    only shortens); ``ptrs=None``: a kernel without varlen.
 
 Output addressing (``output.py``)
     ``OStrides(s, h, b)`` (NamedTuple of Int64): ``.assume_aligned()`` attaches the runtime's
@@ -59,11 +60,11 @@ Runtime scalars travel in the launch-ABI groups (``fa4_aot.abi``: ``Ptrs``, ``St
 from .block_info import NO_LOWER_BOUND, BlockInfo
 from .mask import mask_row
 from .output import O_STRIDE_DIVBY, OStrides
-from .seqlen import SEQ_USED_K, SEQ_USED_Q, SEQ_VARLEN, SeqlenInfo, seqlen_info
+from .seqlen import SEQ_USED_K, SEQ_USED_Q, SEQ_VARLEN, SEQ_VARLEN_K, SeqlenInfo, seqlen_info
 from .softmax import CHAINS4, TREE, RowView, finalize_row, online_softmax_row, tree_reduce
 
 __all__ = [
     "BlockInfo", "NO_LOWER_BOUND", "mask_row", "OStrides", "O_STRIDE_DIVBY", "SeqlenInfo",
-    "seqlen_info", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K", "RowView", "tree_reduce", "TREE",
+    "seqlen_info", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K", "SEQ_VARLEN_K", "RowView", "tree_reduce", "TREE",
     "CHAINS4", "online_softmax_row", "finalize_row",
 ]

@@ -1,4 +1,4 @@
-"""Per-batch-entry sequence lengths and offsets (fixed-length, varlen, seqused)."""
+"""Per-batch-entry sequence lengths and offsets (fixed-length, varlen, seqused, paged KV)."""
 
 from __future__ import annotations
 
@@ -8,44 +8,64 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-# Bits of the launch value ``seq_mode`` (fa4_aot/abi.py).
-SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K = 1, 2, 4
+# Bits of the launch value ``seq_mode`` (fa4_aot/abi.py): packed q documents (cu_seqlens_q),
+# seqused_q, seqused_k, packed k/v documents (cu_seqlens_k). Plain varlen sets
+# SEQ_VARLEN | SEQ_VARLEN_K; paged KV with packed queries (chunked prefill) sets
+# SEQ_VARLEN | SEQ_USED_K.
+SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K, SEQ_VARLEN_K = 1, 2, 4, 8
 
 
 class SeqlenInfo(NamedTuple):
     """Where one batch entry's rows are: ``q_start``/``k_start`` (first row in the packed
-    tensors; 0 without varlen), ``sq``/``sk`` (its lengths) and ``tma_batch`` (the batch
-    coordinate of the TMA loads: the batch index, or 0 for packed documents)."""
+    tensors; 0 without varlen), ``sq``/``sk`` (its lengths) and ``q_b``/``k_b`` (the batch
+    coordinate of q and of k/v: the batch index, or 0 for packed documents)."""
 
     q_start: Int32
     k_start: Int32
     sq: Int32
     sk: Int32
-    tma_batch: Int32
+    q_b: Int32
+    k_b: Int32
 
 
 @cute.jit
-def seqlen_info(batch, shape, ptrs=None, totals=None):
+def clamped_doc(cu_ptr, batch, total):
+    """(start, length) of document ``batch``: cu_seqlens[batch], cu_seqlens[batch + 1] clamped
+    into [0, total], the length never negative."""
+    cu = cute.make_tensor(cu_ptr + batch, cute.make_layout(2))
+    start = cutlass.min(cutlass.max(cu[0], Int32(0)), total)
+    return start, cutlass.min(cutlass.max(cu[1], start), total) - start
+
+
+@cute.jit
+def seqlen_info(batch, shape, ptrs=None, totals=None, separate_kv: cutlass.Constexpr = False):
     """:class:`SeqlenInfo` of batch entry ``batch``. ``shape``: anything with ``seqlen_q``,
     ``seqlen_k`` (and, with ``ptrs``, ``seq_mode``); ``ptrs``: anything with ``cu_seqlens_q/k``
     and ``seqused_q/k`` (``None``: a kernel without varlen, lengths are the launch's);
     ``totals``: (total_q, total_k), the packed lengths. Offsets from cu_seqlens are clamped
     into [0, packed length] and lengths to >= 0, whatever the offsets say; seqused_q/k only
-    shorten."""
-    q_start, k_start, sq, sk, tma_b = Int32(0), Int32(0), shape.seqlen_q, shape.seqlen_k, batch
+    shorten. ``separate_kv`` (compile time): packed q (SEQ_VARLEN) and packed k/v
+    (SEQ_VARLEN_K) are separate modes (decode kernels: paged KV with packed queries); else
+    SEQ_VARLEN means both (the runtime sets both bits), which keeps fewer values live."""
+    q_start, k_start, sq, sk = Int32(0), Int32(0), shape.seqlen_q, shape.seqlen_k
+    q_b, k_b = batch, batch
     if cutlass.const_expr(ptrs is not None):
-        if shape.seq_mode & SEQ_VARLEN != 0:
-            cq = cute.make_tensor(ptrs.cu_seqlens_q + batch, cute.make_layout(2))
-            ck = cute.make_tensor(ptrs.cu_seqlens_k + batch, cute.make_layout(2))
-            q_start = cutlass.min(cutlass.max(cq[0], Int32(0)), totals[0])
-            k_start = cutlass.min(cutlass.max(ck[0], Int32(0)), totals[1])
-            sq = cutlass.min(cutlass.max(cq[1], q_start), totals[0]) - q_start
-            sk = cutlass.min(cutlass.max(ck[1], k_start), totals[1]) - k_start
-            tma_b = Int32(0)
+        if cutlass.const_expr(separate_kv):
+            if shape.seq_mode & SEQ_VARLEN != 0:
+                q_start, sq = clamped_doc(ptrs.cu_seqlens_q, batch, totals[0])
+                q_b = Int32(0)
+            if shape.seq_mode & SEQ_VARLEN_K != 0:
+                k_start, sk = clamped_doc(ptrs.cu_seqlens_k, batch, totals[1])
+                k_b = Int32(0)
+        else:
+            if shape.seq_mode & SEQ_VARLEN != 0:
+                q_start, sq = clamped_doc(ptrs.cu_seqlens_q, batch, totals[0])
+                k_start, sk = clamped_doc(ptrs.cu_seqlens_k, batch, totals[1])
+                q_b, k_b = Int32(0), Int32(0)
         if shape.seq_mode & SEQ_USED_Q != 0:
             sq = cutlass.min(sq, cutlass.max(cute.make_tensor(
                 ptrs.seqused_q + batch, cute.make_layout(1))[0], Int32(0)))
         if shape.seq_mode & SEQ_USED_K != 0:
             sk = cutlass.min(sk, cutlass.max(cute.make_tensor(
                 ptrs.seqused_k + batch, cute.make_layout(1))[0], Int32(0)))
-    return SeqlenInfo(q_start, k_start, sq, sk, tma_b)
+    return SeqlenInfo(q_start, k_start, sq, sk, q_b, k_b)
