@@ -546,9 +546,11 @@ def merge_json(path, rows, providers, meta=None, baseline=BASELINE, host_provide
 
 
 def format_host_table(rows, providers, title=None) -> str:
-    """us per call, one line per host case; the last column is fa4_aot / sdpa."""
+    """us per call, one line per host case; then fa4_aot / sdpa and fa4_aot's enqueue time
+    (the host clock before the final synchronize: below us per call when the GPU is the
+    bottleneck)."""
     label_w = max([len("case")] + [len(r.case.label) for r in rows])
-    heads = [HOST_NAMES.get(p, p) for p in providers] + ["aot/sdpa"]
+    heads = [HOST_NAMES.get(p, p) for p in providers] + ["aot/sdpa", "aot enqueue"]
     cells = []
     for r in rows:
         line = []
@@ -560,6 +562,7 @@ def format_host_table(rows, providers, title=None) -> str:
         ua = a.us_per_call if a else None
         ub = b.us_per_call if b else None
         line.append("n/a" if ua is None or not ub else f"{ua / ub:.2f}x")
+        line.append("n/a" if a is None or a.enqueue_us is None else f"{a.enqueue_us:.1f}")
         cells.append(line)
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
               for i, h in enumerate(heads)]

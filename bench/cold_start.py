@@ -1,6 +1,7 @@
-"""Cold start and small-call overhead: fa4_aot vs cuDNN SDPA, torch flash and upstream FA4.
+"""Cold start and small-call overhead: fa4_aot vs cuDNN SDPA, torch flash, torch's default SDPA
+dispatch and upstream FA4.
 
-    python bench/cold_start.py [--runs 3] [--providers fa4_aot,cudnn,flash,fa4]
+    python bench/cold_start.py [--runs 3] [--providers fa4_aot,cudnn,flash,sdpa,fa4]
                                [--shape B,H,S,D[,c]] [--shape2 B,H,S,D[,c]] [--small B,H,S,D]
                                [--n 200] [--json FILE]
 
@@ -10,7 +11,8 @@ this order inside one process:
   import torch         `import torch` (s)
   import provider      `import fa4_aot` / `from flash_attn.cute import flash_attn_func` (s),
                        after torch; cuDNN and flash are part of torch (SDPA runs inside
-                       sdpa_kernel(<backend>), entered once per process)
+                       sdpa_kernel(<backend>), entered once per process); sdpa is
+                       scaled_dot_product_attention with torch's default dispatch
   CUDA context         first CUDA allocation + synchronize (s) - not part of any call below
   1st call, config A   first attention call on --shape (ms; host clock around call +
                        synchronize): fa4_aot reads the manifest, sha256-checks and loads the cubin
@@ -55,8 +57,9 @@ METRICS = [  # key, label, unit scale from seconds, format
     ("small_host_sync_us", "small: host clock + sync (us/call)", 1e6, "{:.1f}"),
     ("small_roundtrip_us", "small: call + sync round trip (us)", 1e6, "{:.1f}"),
 ]
-PROVIDERS = ("fa4_aot", "cudnn", "flash", "fa4")
-NAMES = {"fa4_aot": "fa4_aot", "cudnn": "cuDNN SDPA", "flash": "torch flash", "fa4": "FA4"}
+PROVIDERS = ("fa4_aot", "cudnn", "flash", "sdpa", "fa4")
+NAMES = {"fa4_aot": "fa4_aot", "cudnn": "cuDNN SDPA", "flash": "torch flash", "sdpa": "SDPA",
+         "fa4": "FA4"}
 
 
 def parse_shape(s: str):
@@ -97,10 +100,11 @@ def child(provider: str, shape_a, shape_b, small, n: int) -> dict:
     else:
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION,
-                   "flash": SDPBackend.FLASH_ATTENTION}[provider]
-        # entered once for the whole process: per call it would add tens of us of host time
-        sdpa_kernel(backend).__enter__()
+        if provider != "sdpa":  # sdpa: torch's default dispatch
+            backend = {"cudnn": SDPBackend.CUDNN_ATTENTION,
+                       "flash": SDPBackend.FLASH_ATTENTION}[provider]
+            # entered once for the whole process: per call it would add tens of us of host time
+            sdpa_kernel(backend).__enter__()
 
         def call(q, k, v, causal):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)

@@ -46,8 +46,32 @@ def main(argv=None):
     lse = torch.empty(1, 1, 128, device="cuda")
     addrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0, 0)
     launcher = e.launchers[0]
+    extra = []
+    try:  # A/B: the same launch through a per-context CUfunction, and through ctypes
+        from fa4_aot import runtime
+        drv = runtime._driver()
+        name = interface.derive_launches(e.call).launches[0].name
+        kernel = runtime._modules[(idx, name)][1]
+        func = runtime._check(drv.cuKernelGetFunction(kernel), "cuKernelGetFunction")
+        extra.append(("  launch, CUfunction (cuKernelGetFunction)",
+                      lambda: drv.cuLaunchKernelEx(launcher.cfg, func, launcher.params, 0)))
+        extra.append(("  launch, CUkernel (as shipped)",
+                      lambda: drv.cuLaunchKernelEx(launcher.cfg, launcher.func, launcher.params,
+                                                   0)))
+        import ctypes
+        res = drv.cuGetProcAddress(b"cuLaunchKernelEx", 12000, 0)
+        pfn = int(res[1])
+        cfn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_void_p)(pfn)
+        cptr, fptr = launcher.cfg.getPtr(), int(launcher.func)
+        extra.append(("  launch, ctypes pfn (cuGetProcAddress)",
+                      lambda: cfn(cptr, fptr, launcher.params, None)))
+    except Exception as ex:  # noqa: BLE001
+        print(f"A/B launches skipped: {type(ex).__name__}: {ex}")
     rows = [
         ("fa4_aot.attention (whole call)", lambda: fa4_aot.attention(q, k, v)),
+        ("fa4_aot.attention return_lse=True", lambda: fa4_aot.attention(q, k, v,
+                                                                         return_lse=True)),
         ("torch.ops.fa4_aot.fwd (whole call)",
          lambda: torch.ops.fa4_aot.fwd(q, k, v, None, None, 0, 0, False, None, -1, -1, "auto",
                                        0.0)),
@@ -63,7 +87,8 @@ def main(argv=None):
         ("  3 data_ptr", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr())),
         ("  launcher (patch + cuLaunchKernelEx)", lambda: launcher(addrs)),
         ("  is_compiling", interface._is_compiling),
-    ]
+        ("  capture check", interface._capturing),
+    ] + extra
     res = []
     for name, fn in rows:
         torch.cuda.synchronize()

@@ -51,16 +51,17 @@ _NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast p
 CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
 _check_varlen_always = os.environ.get(CHECK_VARLEN_ENV, "").strip() not in ("", "0")
 MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
+LSE_SCRATCH_BYTES = 64 * 1024  # largest LSE an entry keeps for calls that do not return it
 
 # The per-call addresses, in the order _Entry.run hands them to the launchers.
 SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace")
 
 if torch is not None:
-    _empty = torch.empty
     _float32 = torch.float32
     _grad_enabled = torch.is_grad_enabled
     _is_compiling = torch.compiler.is_compiling
-    _capturing = torch.cuda.is_current_stream_capturing
+    _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (
+        torch.cuda.is_current_stream_capturing)
     _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
         lambda index: torch.cuda.current_stream(index).cuda_stream)
 _DEVICE_TYPE = "cuda"  # the device type the fast path accepts (tests swap in "cpu")
@@ -423,15 +424,23 @@ def derive_launches(c: Call) -> CallPlan:
 
 
 class _Entry:
-    """A prepared call (one memo entry of one thread): the allocations and the launchers."""
+    """A prepared call (one memo entry of one thread): the allocations and the launchers.
+
+    ``lse_scratch``: when the caller does not want the LSE (``return_lse=False``), the kernel
+    writes it into a buffer the entry keeps (small LSEs only, never while a CUDA graph is being
+    captured: a graph must not keep a pointer into a buffer that the memo may drop) — one
+    allocation less per call. The entry's stream is part of its key, so the launches that
+    share the buffer are ordered on that stream."""
 
     __slots__ = ("call", "out_shape", "lse_shape", "dtype", "device", "mode", "launchers",
-                 "varlen", "total_q", "total_k", "max_q", "max_k")
+                 "varlen", "total_q", "total_k", "max_q", "max_k", "lse_scratch")
 
-    def run(self, qp, kp, vp, out, cu_q, cu_k, trace):
+    def run(self, q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse):
         if out is None:
-            out = _empty(self.out_shape, dtype=self.dtype, device=self.device)
-        lse = _empty(self.lse_shape, dtype=_float32, device=self.device)
+            out = q.new_empty(self.out_shape)
+        lse = self.lse_scratch
+        if want_lse or lse is None or _capturing():
+            lse = q.new_empty(self.lse_shape, dtype=_float32)
         if self.mode:
             if self.mode == _ZERO_FILL:
                 out.zero_()
@@ -457,6 +466,9 @@ def _build_entry(c: Call, q4, k4, v4, max_q, max_k) -> _Entry:
     e.out_shape, e.lse_shape, e.mode = plan.out_shape, plan.lse_shape, plan.mode
     e.dtype, e.device, e.varlen = c.dtype, c.device, c.varlen
     e.total_q, e.total_k, e.max_q, e.max_k = c.q[0][1], c.k[0][1], max_q, max_k
+    e.lse_scratch = None
+    if plan.mode == _LAUNCH and math.prod(plan.lse_shape) * 4 <= LSE_SCRATCH_BYTES:
+        e.lse_scratch = q4.new_empty(plan.lse_shape, dtype=torch.float32)
     views = {name: TensorView(tuple(t.shape), t.stride(), c.elem_bytes, t.data_ptr(), name)
              for name, t in (("q", q4), ("k", k4), ("v", v4))}
     launchers = []
@@ -490,7 +502,7 @@ def _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, so
 
 
 def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
-          trace):
+          trace, want_lse=True):
     """Eager call: memo lookup, per-call checks, launch. Arguments as ``attention``'s."""
     e = None
     try:
@@ -516,7 +528,7 @@ def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, s
         _check_out(out, q)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise _forward_only()
-    return e.run(qp, kp, vp, out, cu_q, cu_k, trace)
+    return e.run(q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse)
 
 
 def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
@@ -597,7 +609,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, _trace)
     else:
         o, lse = _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                       softmax_scale, window_size, scheduler, softcap, out, _trace)
+                       softmax_scale, window_size, scheduler, softcap, out, _trace, return_lse)
     return (o, lse) if return_lse else o
 
 

@@ -4,8 +4,8 @@ implementation, so ``torch.compile(fullgraph=True)`` traces models that call
 
 Defined with ``torch.library.Library`` (schema, CUDA kernel, fake) rather than
 ``torch.library.custom_op``: the latter wraps every call in Python autograd and aliasing
-checks (~6 us of host time a call); this op has no backward, and :func:`fa4_aot.interface.forward`
-raises when grad mode is on and an input requires grad."""
+checks (~6 us of host time a call); this op has no backward (the Autograd key falls through),
+and :func:`fa4_aot.interface.forward` raises when grad mode is on and an input requires grad."""
 
 from __future__ import annotations
 
@@ -21,11 +21,17 @@ SCHEMA = ("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_se
 _lib = torch.library.Library("fa4_aot", "DEF")  # kept alive: the registrations live with it
 _lib.define(SCHEMA)
 _lib.impl("fwd", forward, "CUDA")
+# No autograd formula: skip the Autograd key (forward() refuses inputs that require grad while
+# grad mode is on, with a message saying fa4_aot is forward-only).
+_lib.impl("fwd", torch.library.fallthrough_kernel, "Autograd")
 
 
 @torch.library.register_fake("fa4_aot::fwd", lib=_lib)
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
       window_left, window_right, scheduler, softcap):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        from .interface import _forward_only
+        raise _forward_only()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)

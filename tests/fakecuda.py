@@ -127,8 +127,15 @@ class FakeManifest:
         name = f"fake_{arch}_{dtype}_hd{head_dim}_{causal}_{local}_{scheduler}_{trace}_{softcap}"
         if name not in self.records:
             tile_n = {192: 112, 256: 80}.get(head_dim, 128)
+            try:  # the parameter list of the shipped kernel (what the runtime must fill)
+                from fa4_aot.manifest import load_manifest
+                params = load_manifest().find(arch, dtype, head_dim, causal, scheduler,
+                                              trace=trace, local=local,
+                                              softcap=softcap)[1]["launch"]["params"]
+            except Exception:  # noqa: BLE001 - no artifacts: the ABI's own list
+                params = fwd_params(dtype, head_dim, 128, tile_n)
             self.records[name] = {"arch": arch, "entry": name, "launch": {
-                "params": fwd_params(dtype, head_dim, 128, tile_n), "block": [384, 1, 1],
+                "params": params, "block": [384, 1, 1],
                 "cluster": [1, 1, 1], "dynamic_smem_bytes": 200000,
                 "grid": {"rule": "tiles" if scheduler == "single" else "persistent",
                          "ctas_per_sm": 1},

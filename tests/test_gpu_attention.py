@@ -336,7 +336,8 @@ def test_patched_descriptors_follow_the_tensors():
         ref_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
         check_close(out, ref, ref_pt, what=f"call {i}")
     entries = [e for e in interface._tls.memo.values()
-               if e.call.q[0] == (2, 300, 4, 64) and e.call.causal]
+               if e.call.q[0] == (2, 300, 4, 64) and e.call.k[0] == (2, 300, 2, 64)
+               and e.call.causal and e.call.softcap == 0]
     assert len(entries) == 1
     assert all(not lc.tmaps for lc in entries[0].launchers), "descriptors re-encoded per call"
 
