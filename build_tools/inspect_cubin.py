@@ -28,6 +28,12 @@ tests/fixtures/ are real outputs of ptxas 12.9/13.0/13.1 and cuobjdump/nvdisasm 
           "local_bytes":       local memory bytes from the cubin,
           "ldl":               number of LDL instructions in the SASS,
           "stl":               number of STL instructions in the SASS,
+          "reg_peak":          highest GPR index live in the SASS + 1 (what the code really
+                               needs; ``registers`` is the launch budget under setmaxnreg),
+          "reg_live_max":      most GPRs live at once,
+          "reg_peak_by_role":  [{"setmaxnreg": 24 | None (launch budget), "peak": 22,
+                               "instructions": 509}, ...] per setmaxnreg region, [] without
+                               setmaxnreg (see :func:`parse_register_peaks`),
         }
       }
     }
@@ -57,6 +63,8 @@ __all__ = [
     "parse_elf_header",
     "parse_tkinfo",
     "count_local_mem_ops",
+    "parse_register_peaks",
+    "parse_ptx_dynamic_smem",
     "parse_ptx_entries",
     "ptx_target",
     "inspect_cubin",
@@ -226,6 +234,183 @@ def count_local_mem_ops(sass_text: str) -> dict[str, dict[str, int]]:
     return {name: {"LDL": c["LDL"], "STL": c["STL"]} for name, c in counts.items()}
 
 
+# --------------------------------------------------------------------------- register peaks
+
+# "nvdisasm -c -plr -lrm narrow": every instruction line ends in a comment holding one column
+# per register (a mark where the register is live); a header above names the columns.
+NVDISASM_PEAK_FLAGS = ("-plr", "-lrm", "narrow")
+_SASS_INSN_RE = re.compile(
+    r"^\s*/\*(?P<addr>[0-9a-f]+)\*/\s+(?P<pred>@!?U?P[T0-9]+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)(?P<args>[^;]*);?"
+)
+_SASS_LABEL_RE = re.compile(r"^\s*([.$][\w$.]+):")  # .L_x_12: and $__internal_0_$__cuda_...:
+_SASS_TARGET_RE = re.compile(r"`\(([^)]+)\)")
+_BRANCH_TARGETS_RE = re.compile(r'BRANCH_TARGETS ([^"*]+)')
+_SETMAXNREG_RE = re.compile(r"(0x[0-9a-f]+|\d+)\s*$")
+
+
+def _gpr_cell(line: str) -> str | None:
+    """The GPR column of a life-range comment (``// | 67 :: ^^ | ...``), or None."""
+    at = line.find("// |")
+    if at < 0:
+        return None
+    cells = line[at + 4 :].split("|")
+    return cells[0] if len(cells) > 1 else None
+
+
+def _register_columns(header_rows: list[str]) -> dict[int, int]:
+    """Header rows of digits (hundreds/tens/units, the last one with ``#``) → {column: register}."""
+    units = header_rows[-1]
+    start = units.find("#")
+    columns = {}
+    for col in range(start + 1, len(units)):
+        digits = "".join(row[col] for row in header_rows if col < len(row) and row[col].isdigit())
+        if digits and units[col].isdigit():
+            columns[col] = int(digits)
+    return columns
+
+
+def parse_register_peaks(plr_text: str) -> dict[str, dict[str, Any]]:
+    """True register use per function from ``nvdisasm -c -plr -lrm narrow`` output.
+
+    Returns ``{function: {"peak": n, "live_max": n, "by_role": [...], "cfg_complete": bool}}``:
+
+    * ``peak``: highest GPR index an instruction writes or reads + 1 (R0..R<peak-1>; ptxas's
+      "Used N registers" is this plus the registers it reserves, and under ``setmaxnreg`` it is
+      the launch budget instead).  Registers merely live through an instruction do not count
+      for its region: liveness follows every CFG path, also those one warp role never takes;
+    * ``live_max``: most GPRs live at once (nvdisasm's ``#`` column);
+    * ``by_role``: one ``{"setmaxnreg": N | None, "peak": n, "instructions": n}`` per register
+      budget the code runs under, in order of first appearance: ``None`` is the launch budget
+      (code before any ``setmaxnreg``), ``N`` the code reached after a ``USETMAXREG ... N``.
+      Roles follow the control flow (branch targets, fall-through, ``EXIT``); code reached under
+      several budgets counts for each.  Empty when the function has no ``setmaxnreg``.
+    * ``cfg_complete``: False when an indirect branch (``BRX``/``JMX``, e.g. a switch over warp
+      roles) hides successors; code reached only that way is taken to start under the budget
+      of the nearest indirect branch above it.
+    A function whose output carries no life-range columns (plain ``nvdisasm -c``) is absent.
+    """
+    functions: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in plr_text.splitlines():
+        if m := _SASS_FUNCTION_RE.match(line):
+            name = m.group(1) or m.group(2)
+            current = {"header": [], "columns": None, "insns": [], "labels": {}}
+            functions[name] = current
+            continue
+        if current is None:
+            continue
+        cell = _gpr_cell(line)
+        if current["columns"] is None:
+            if cell is not None and cell.strip() and set(cell) <= set("0123456789# "):
+                current["header"].append(cell)
+                if "#" in cell:
+                    current["columns"] = _register_columns(current["header"])
+            continue
+        if m := _SASS_LABEL_RE.match(line):
+            current["labels"][m.group(1)] = len(current["insns"])
+        elif m := _SASS_INSN_RE.match(line):
+            # marks: ^ written, v read (last use), x read and written, : live through
+            touched = [reg for col, reg in current["columns"].items()
+                       if cell is not None and col < len(cell) and cell[col] not in " :"]  # fmt: skip
+            count = cell.split()[0] if cell and cell.split() and cell.split()[0].isdigit() else "0"
+            if m["op"].startswith("CALL"):  # its marks are the calling convention's clobbers
+                touched = []
+            current["insns"].append((m["pred"], m["op"], m["args"], max(touched, default=-1), int(count)))
+    return {name: _peaks(f) for name, f in functions.items() if f["columns"] is not None}
+
+
+def _successors(i: int, insn: tuple, labels: dict[str, int], n: int) -> tuple[list[int], bool]:
+    """(indices control may reach after instruction i, whether some successor is unknown:
+    an indirect branch or a target without a label)."""
+    pred, op, args, *_ = insn
+    base = op.split(".")[0]
+    conditional = pred is not None and pred.strip() not in ("@PT", "@UPT")
+    nxt = [i + 1] if i + 1 < n else []
+    if base in ("BRX", "JMX"):  # nvdisasm names the targets when it knows them
+        known = _BRANCH_TARGETS_RE.search(args)
+        names = known.group(1).split(",") if known else []
+        targets = [labels[t.strip()] for t in names if t.strip() in labels]
+        return targets + (nxt if conditional else []), not names or len(targets) < len(names)
+    if base in ("EXIT", "RET", "KILL", "BPT"):
+        return (nxt if conditional else []), False
+    if base in ("BRA", "JMP", "CALL"):
+        names = _SASS_TARGET_RE.findall(args)
+        targets = [labels[t] for t in names if t in labels]
+        unknown = len(targets) < len(names) or not names
+        only_target = _SASS_TARGET_RE.sub("", args).strip(" ,") == ""
+        if base != "CALL" and not conditional and only_target and not unknown:
+            return targets, False
+        return targets + nxt, unknown
+    return nxt, False
+
+
+def _peaks(function: dict[str, Any]) -> dict[str, Any]:
+    insns, labels = function["insns"], function["labels"]
+    n = len(insns)
+    budget_after = {i: int(m.group(1), 0) for i, (_, op, args, *_) in enumerate(insns)
+                    if op.startswith("USETMAXREG") and (m := _SETMAXNREG_RE.search(args))}  # fmt: skip
+    reached: dict[int, set] = {}
+    indirect: list[int] = []  # BRX/JMX seen (their successors are unknown)
+    returns: dict[int, bool] = {}
+
+    def can_return(target: int) -> bool:
+        """Whether a subroutine may come back (the sm_100 tcgen05 guardrails trap instead)."""
+        if target not in returns:
+            seen, todo = set(), [target]
+            while todo and not returns.get(target):
+                i = todo.pop()
+                if i in seen:
+                    continue
+                seen.add(i)
+                if insns[i][1].startswith("RET"):
+                    returns[target] = True
+                todo.extend(_successors(i, insns[i], labels, n)[0])
+            returns.setdefault(target, False)
+        return returns[target]
+
+    def walk(start: int, budget: Any) -> None:
+        work = [(start, budget)]
+        while work:
+            i, budget = work.pop()
+            budget = budget_after.get(i, budget)
+            if budget in reached.setdefault(i, set()):
+                continue
+            reached[i].add(budget)
+            succ, unknown = _successors(i, insns[i], labels, n)
+            if insns[i][1].startswith("CALL") and not unknown:
+                callees = [j for j in succ if j != i + 1]
+                if not any(can_return(j) for j in callees):
+                    succ = callees
+            if unknown:
+                indirect.append(i)
+            work.extend((j, budget) for j in succ)
+
+    if n:
+        walk(0, None)
+    # Code reached only through an indirect branch (a warp-role switch): each block not reached
+    # yet is entered under the budget of the nearest indirect branch above it.
+    for i in range(n):
+        if i not in reached:
+            above = [j for j in indirect if j < i]
+            for budget in sorted(reached[above[-1]], key=str) if above else [None]:
+                walk(i, budget)
+    complete = not indirect
+    roles: dict[Any, dict[str, Any]] = {}
+    for i in range(n):
+        for b in sorted(reached[i], key=lambda x: -1 if x is None else x):
+            role = roles.setdefault(b, {"setmaxnreg": b, "peak": 0, "instructions": 0, "first": i})
+            role["peak"] = max(role["peak"], insns[i][3] + 1)
+            role["instructions"] += 1
+    by_role = [{k: r[k] for k in ("setmaxnreg", "peak", "instructions")}
+               for r in sorted(roles.values(), key=lambda r: r["first"])] if budget_after else []  # fmt: skip
+    return {
+        "peak": max((x[3] for x in insns), default=-1) + 1,
+        "live_max": max((x[4] for x in insns), default=0),
+        "by_role": by_role,
+        "cfg_complete": complete,
+    }
+
+
 # --------------------------------------------------------------------------- PTX
 
 _PTX_ENTRY_RE = re.compile(r"^\s*(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$%]+)\s*\(([^)]*)\)", re.M)
@@ -269,6 +454,15 @@ def parse_ptx_entries(ptx_text: str) -> dict[str, list[dict[str, Any]]]:
     return entries
 
 
+_PTX_EXTERN_SHARED_RE = re.compile(r"^\s*\.extern\s+\.shared\b[^;]*?([\w$%]+)\s*\[\s*\]", re.M)
+
+
+def parse_ptx_dynamic_smem(ptx_text: str) -> list[str]:
+    """Names of the module's ``.extern .shared`` arrays (dynamic shared memory, sized at
+    launch: the PTX does not say how much); ``[]`` means the kernels use none."""
+    return _PTX_EXTERN_SHARED_RE.findall(ptx_text)
+
+
 def ptx_target(ptx_text: str) -> str:
     """The architecture of a PTX module's ``.target`` directive, e.g. "sm_90a"."""
     m = _PTX_TARGET_RE.search(ptx_text)
@@ -294,7 +488,18 @@ def inspect_cubin(
     data = cubin.read_bytes()
     elf_text = run_tool([tc.cuobjdump, "-elf", cubin])
     resources = parse_resource_usage(run_tool([tc.cuobjdump, "--dump-resource-usage", cubin]))
-    local_ops = count_local_mem_ops(run_tool([tc.nvdisasm, "-c", cubin]))
+    peak_error = None
+    try:  # one disassembly serves the LDL/STL count and the register peaks
+        sass = run_tool([tc.nvdisasm, "-c", *NVDISASM_PEAK_FLAGS, cubin])
+    except ToolchainError as exc:  # life ranges unavailable: peaks unknown, LDL/STL still counted
+        lines = str(exc).splitlines() or [""]
+        errors = [ln for ln in lines if "error" in ln.lower() and "nvdisasm" in ln]
+        peak_error = re.sub(r"\s+", " ", (errors[-1] if errors else lines[0])).strip()
+        if any("Old format" in ln for ln in lines):
+            peak_error += " (old-format ELF, as the CuTe DSL's embedded ptxas writes)"
+        sass = run_tool([tc.nvdisasm, "-c", cubin])
+    local_ops = count_local_mem_ops(sass)
+    peaks = parse_register_peaks(sass)
     log = parse_ptxas_log(ptxas_log) if ptxas_log is not None else {}
     header = parse_elf_header(elf_text) or {}
     tkinfo = parse_tkinfo(elf_text) or {}
@@ -312,6 +517,9 @@ def inspect_cubin(
             "local_bytes": res.get("local"),
             "ldl": ops["LDL"],
             "stl": ops["STL"],
+            "reg_peak": peaks.get(name, {}).get("peak"),
+            "reg_live_max": peaks.get(name, {}).get("live_max"),
+            "reg_peak_by_role": peaks.get(name, {}).get("by_role"),
         }
     return {
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -322,6 +530,7 @@ def inspect_cubin(
         "ptxas_release": tkinfo.get("release"),
         "ptxas_command_line": tkinfo.get("command_line"),
         "ptxas_diagnostics": parse_ptxas_diagnostics(ptxas_log or ""),
+        "reg_peak_error": peak_error,  # why nvdisasm gave no life ranges (old-format ELF...)
         "entries": entries,
     }
 

@@ -1,15 +1,40 @@
-"""Register / spill report for fa4_aot kernels, and ptxas version comparison.
+"""Register / spill report for fa4_aot kernels and any other PTX or cubin, per ptxas version.
 
     python build_tools/spill_report.py                      # shipped kernels (artifacts/manifest.json)
+    python build_tools/spill_report.py --peaks              # ... with true register peaks from the SASS
     python build_tools/spill_report.py --ptxas 12.9 13.0 13.1   # re-assemble the kept PTX with each
     python build_tools/spill_report.py --diff 13.0 13.1     # only kernels that change between two
-    python build_tools/spill_report.py k.sm_90a.ptx x.cubin # files instead of the manifest
+    python build_tools/spill_report.py --ptxas 13.0 13.1 13.5 --diff 13.0 13.1  # all three, changed only
+    python build_tools/spill_report.py a/k.sm_90a.ptx x.cubin   # files instead of the manifest
     python build_tools/spill_report.py --fail-on-spill      # exit 1 when anything spills
 
 A kernel *spills* when ptxas reports spill bytes or its SASS has LDL/STL (under
 setmaxnreg the per-role spills only show as LDL/STL).  When the manifest's PTX is
-re-assembled, the shipped figures still count for --fail-on-spill.  Exit status: 0
-fine, 1 spills with --fail-on-spill, 2 bad input (one-line error).
+re-assembled, the shipped figures still count for --fail-on-spill.
+
+Rows: one per kernel (file path + entry; a manifest kernel by name) and ptxas version, never
+merged: two files named alike in different folders are two rows.  The label (``kernel``) is the
+manifest name, else the entry name shortened to the function or class the CuTe DSL mangled into
+it (``kernel_cutlass_wg_gemm_kernel_CopyAtom_...`` -> ``wg_gemm_kernel``, FA4's
+``..._flash_fwd_sm90FlashAttentionForwardSm90_object_at_...`` -> ``FlashAttentionForwardSm90``)
+plus the configuration read from the name and path (arch, dtype, ``hd128``, causal/full), else
+the shortest path suffix that tells it apart.  Every format has a ``path`` column.
+
+``peak`` is the highest register the SASS keeps live + 1 (R0..R<peak-1>): under ``setmaxnreg``
+``regs`` is only the launch budget.  ``roles`` shows ``peak/budget`` for each setmaxnreg region
+(launch budget first), e.g. ``38/168 22/24 224/240``: how close each warp role is to its budget.
+``smem`` is static shared memory from the cubin; ``dyn smem`` the dynamic shared memory a launch
+requests: from the manifest's launch ABI, 0 when the PTX declares no ``.extern .shared``, ``?``
+when it does and the size is only known at launch.  ``?`` = unknown, ``-`` = none.
+
+A file that cannot be read, assembled or inspected gets a row with its ``error`` and the run
+goes on.  Exit status, a sum of:
+  0  all fine
+  1  some kernel spills (only with --fail-on-spill)
+  2  the run was refused (bad arguments, unknown ptxas, no manifest: one-line error, no report)
+     or --png could not be written (the reason and the fix on stderr)
+  4  some input file failed (its row says why)
+e.g. 5 = a spill and a failed file.
 
 The ``warn`` column (``w`` in a matrix cell) names ptxas "Potential Performance Loss" codes,
 above all C7512: ptxas serialised the wgmma (each waits for the previous one) — a slowdown
@@ -19,10 +44,11 @@ Library use: :func:`assemble_matrix` assembles PTX files with several ptxas vers
 and inspects the cubins (one row per entry × version); :func:`pick_best` chooses a
 version for one kernel from its rows.  Row fields::
 
-    kernel, entry, arch, source ("shipped" | "cubin" | "assembled"), path,
+    kernel (label), entry, arch, source ("shipped" | "cubin" | "assembled"), path,
     ptxas_version ("13.1.115"), ptxas_release ("13.1"), registers, stack_frame,
-    spill_store_bytes, spill_load_bytes, ldl, stl, shared_bytes   (None = unknown),
-    ptxas_warnings (["C7512", ...])
+    spill_store_bytes, spill_load_bytes, ldl, stl, shared_bytes, dynamic_smem_bytes,
+    reg_peak, reg_peak_by_role ([{"setmaxnreg": N | None, "peak": n, "instructions": n}]),
+    ptxas_warnings (["C7512", ...]), note, error        (None = unknown / no error)
 
 Stdlib only (matplotlib is imported for --png alone).
 """
@@ -45,12 +71,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python build_tools/spill_report.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from build_tools.inspect_cubin import inspect_cubin, ptx_target, verify_ptxas  # noqa: E402
+from build_tools.inspect_cubin import inspect_cubin, parse_ptx_dynamic_smem, ptx_target, verify_ptxas  # noqa: E402
 from build_tools.toolchain import (  # noqa: E402
     DEFAULT_PTXAS,
+    NVDISASM_VERSION,
     Toolchain,
     ToolchainError,
     assemble,
+    cache_root,
     check_ptxas_release,
     fit_ptx_isa,
     get_inspect_tools,
@@ -58,12 +86,16 @@ from build_tools.toolchain import (  # noqa: E402
     version_key,
 )
 
-__all__ = ["ReportError", "assemble_matrix", "pick_best", "spills", "main"]
+__all__ = ["ReportError", "assemble_matrix", "pick_best", "spills", "warning_codes", "label_rows", "main"]
 
 DEFAULT_MANIFEST = Path("artifacts/manifest.json")
 RESOURCE_FIELDS = (
     "registers", "stack_frame", "spill_store_bytes", "spill_load_bytes", "ldl", "stl", "shared_bytes",
 )  # fmt: skip
+PEAK_FIELDS = ("reg_peak", "reg_peak_by_role")
+EXIT_SPILL, EXIT_REFUSED, EXIT_FILE_FAILED = 1, 2, 4
+PNG_HINT = ("--png needs matplotlib, which this Python ({python}) cannot import: run "
+            "`{python} -m pip install -r requirements-build.txt` (or `pip install matplotlib`)")
 
 
 class ReportError(Exception):
@@ -87,8 +119,8 @@ def warning_codes(diagnostics: Iterable[str]) -> list[str]:
     return [m.group(1) for d in diagnostics if (m := re.match(r"\((C\d+)\)", d))]
 
 
-def _row(kernel: str, entry: str, source: str, path: Path, version: str | None, resources: dict,
-         diagnostics: Iterable[str] = ()) -> dict:
+def _row(kernel: str, entry: str | None, source: str, path: Path, version: str | None, resources: dict,
+         diagnostics: Iterable[str] = (), *, note: str | None = None, error: str | None = None) -> dict:
     return {
         "kernel": kernel,
         "entry": entry,
@@ -98,19 +130,28 @@ def _row(kernel: str, entry: str, source: str, path: Path, version: str | None, 
         "ptxas_version": version,
         "ptxas_release": ".".join(version.split(".")[:2]) if version else None,
         **{k: resources.get(k) for k in RESOURCE_FIELDS},
+        "dynamic_smem_bytes": resources.get("dynamic_smem_bytes"),
+        **{k: resources.get(k) for k in PEAK_FIELDS},
         # ptxas performance warnings, e.g. C7512 (wgmma serialised), C7508 (setmaxnreg ignored)
         "ptxas_warnings": warning_codes(diagnostics),
+        "note": note,
+        "error": error,
     }
 
 
-def _entry_rows(info: dict, label: str, source: str, path: Path) -> list[dict]:
-    """Rows for the entries of an inspect_cubin() result; label names single-entry files."""
-    rows = []
-    for entry, res in info["entries"].items():
-        kernel = label if len(info["entries"]) == 1 else f"{label}:{entry}"
-        rows.append(_row(kernel, entry, source, path, info["ptxas_version"], {"arch": info["arch"], **res},
-                         info.get("ptxas_diagnostics", ())))
-    return rows
+def _error_row(path: Path, source: str, exc: BaseException, version: str | None = None,
+               entry: str | None = None, arch: str | None = None) -> dict:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return _row(_file_label(path), entry, source, path, version, {"arch": arch},
+                error=f"{type(exc).__name__}: {first}")
+
+
+def _entry_rows(info: dict, source: str, path: Path, extra: dict | None = None,
+                note: str | None = None) -> list[dict]:
+    """Rows for the entries of an inspect_cubin() result (labels come later: label_rows)."""
+    return [_row(entry, entry, source, path, info["ptxas_version"], {"arch": info["arch"], **res, **(extra or {})},
+                 info.get("ptxas_diagnostics", ()), note=note)
+            for entry, res in info["entries"].items()]  # fmt: skip
 
 
 def _file_label(path: Path) -> str:
@@ -122,20 +163,187 @@ def _file_label(path: Path) -> str:
     return stem if stem and arch.startswith("sm_") else name
 
 
+# --------------------------------------------------------------------------- labels
+
+# where the CuTe DSL's mangled argument list starts in an entry name
+_DSL_ARGS_RE = re.compile(
+    r"_(?:object_at_|CopyAtom|MmaAtom|TiledMma|TiledCopy|[Tt]ensor|None_|Int\d|Float\d|Bool|Constexpr|"
+    r"cute_|ptr|gmem|smem)"
+)
+_CLASS_RE = re.compile(r"([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*)$")
+_CONFIG_PATTERNS = (
+    ("arch", re.compile(r"(?<![a-z0-9])sm_?(\d{2,3}[af]?)(?![0-9])", re.I)),
+    ("dtype", re.compile(r"(?<![a-z0-9])(bf16|fp16|f16|fp8|e4m3|e5m2)(?![a-z0-9])", re.I)),
+    ("head_dim", re.compile(r"(?<![a-z0-9])(?:hd|head_?dim)_?(\d{2,3})(?![0-9])", re.I)),
+    ("mask", re.compile(r"(?<![a-z0-9])(causal|noncausal|full|local|window)(?![a-z0-9])", re.I)),
+)
+
+
+def entry_base_name(entry: str) -> str:
+    """The readable part of a kernel entry name.
+
+    ``fa4aot_<config>_0`` -> ``<config>``; a CuTe DSL name
+    ``kernel_cutlass_<function>_<mangled arguments>_<n>`` -> ``<function>``, or the class a
+    method belongs to (``..._flash_fwd_sm90FlashAttentionForwardSm90_object_at_...`` ->
+    ``FlashAttentionForwardSm90``); anything else is kept whole.
+    """
+    if m := re.fullmatch(r"fa4aot_(.+)_\d+", entry):
+        return m.group(1)
+    name = re.sub(r"^(?:kernel_cutlass_|cutlass_)(?:kernel_)?", "", entry)
+    if name == entry:
+        return entry
+    if "_object_at_" in name and (m := _CLASS_RE.search(name.split("_object_at_")[0])):
+        return m.group(1)
+    cut = _DSL_ARGS_RE.search(name)
+    base = name[: cut.start()] if cut and cut.start() > 0 else re.sub(r"_\d+$", "", name)
+    return base.strip("_") or entry
+
+
+def _config_tokens(text: str, have: str) -> list[str]:
+    tokens = []
+    for _, pattern in _CONFIG_PATTERNS:
+        for m in pattern.finditer(text):
+            token = m.group(0).strip("_").lower()
+            if token.startswith("head"):
+                token = f"hd{m.group(1)}"
+            if token.startswith("sm") and not token.startswith("sm_"):
+                token = f"sm_{m.group(1)}"
+            if token not in tokens and token not in have.lower():
+                tokens.append(token)
+                break
+    return tokens
+
+
+def _display_path(path: str) -> str:
+    """The path relative to the current folder when it lies below it, else as given."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _identity(row: dict) -> tuple:
+    """What makes a kernel distinct: the manifest name, else the file (resolved) and entry."""
+    if row["source"] == "shipped":
+        return ("manifest", row["kernel"])
+    return ("file", os.path.realpath(row["path"]), row["entry"])
+
+
+def label_rows(rows: list[dict]) -> list[dict]:
+    """Give every distinct kernel a unique, readable ``kernel`` label (in place; returns rows).
+
+    Manifest kernels keep their names.  Files: :func:`entry_base_name` plus the configuration
+    the entry name and path give (arch, dtype, head_dim, mask) that the name lacks; kernels
+    still alike get the shortest path suffix that tells them apart, then their entry name.
+    """
+    idents = list(dict.fromkeys(_identity(r) for r in rows))
+    first = {}
+    for r in rows:
+        first.setdefault(_identity(r), r)
+    labels: dict[tuple, str] = {}
+    for ident in idents:
+        r = first[ident]
+        if ident[0] == "manifest":
+            labels[ident] = ident[1]
+            continue
+        base = entry_base_name(r["entry"]) if r["entry"] else _file_label(Path(r["path"]))
+        context = " ".join(filter(None, [r["arch"] or "", r["entry"] or "", _display_path(r["path"])]))
+        labels[ident] = " ".join([base, *_config_tokens(context, base)])
+    by_label: dict[str, list[tuple]] = {}
+    for ident, label in labels.items():
+        by_label.setdefault(label, []).append(ident)
+    for label, group in by_label.items():
+        if len(group) > 1:
+            for ident, suffix in _tell_apart({i: first[i] for i in group}).items():
+                labels[ident] = f"{label} [{suffix}]"
+    seen: dict[str, int] = {}
+    for ident in idents:  # last resort: never two kernels under one label
+        label = labels[ident]
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[ident] = f"{label} #{seen[label]}"
+    for r in rows:
+        r["kernel"] = labels[_identity(r)]
+    return rows
+
+
+def _tell_apart(group: dict[tuple, dict]) -> dict[tuple, str]:
+    """Shortest tags that tell alike-labelled kernels apart: the file kind (ptx/cubin), else
+    the shortest folder suffix (+ kind), else the file's path, + the entry name if needed."""
+    kind = {i: "cubin" if r["source"] == "cubin" else "ptx" for i, r in group.items()}
+    paths = {i: Path(_display_path(r["path"])) for i, r in group.items()}
+
+    def unique(tags: dict) -> bool:
+        return len(set(tags.values())) == len(tags)
+
+    if unique(kind):
+        return kind
+    mixed = len(set(kind.values())) > 1
+    depth = max(len(p.parent.parts) for p in paths.values())
+    for d in range(1, depth + 1):
+        tags = {i: "/".join(p.parent.parts[-d:]) + (f" {kind[i]}" if mixed else "") for i, p in paths.items()}
+        if unique(tags):
+            return tags
+    tags = {i: str(p) for i, p in paths.items()}
+    if unique(tags):
+        return tags
+    return {i: f"{paths[i]}:{r['entry']}" for i, r in group.items()}
+
+
+# --------------------------------------------------------------------------- assembling
+
+
+def _manifest_launches(paths: Iterable[Path]) -> dict[str, dict]:
+    """{real path of a kept PTX/cubin: its manifest record} for files that a fa4_aot manifest
+    (``manifest.json`` in the file's folder or up to two above) lists: their launch ABI is
+    known, so their dynamic shared memory is too."""
+    found: dict[str, dict] = {}
+    manifests = {q / "manifest.json" for p in paths for q in list(Path(p).resolve().parents)[:3]}
+    for manifest in manifests:
+        try:
+            kernels = json.loads(manifest.read_text())["kernels"]
+            for record in kernels.values():
+                for key in ("ptx", "cubin"):
+                    if record.get(key):
+                        found[os.path.realpath(manifest.parent / record[key])] = record
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
+
+
+def _with_manifest_launch(rows: list[dict]) -> list[dict]:
+    """Fill dynamic_smem_bytes of rows whose file a manifest lists (see _manifest_launches)."""
+    launches = _manifest_launches({Path(r["path"]) for r in rows if not r.get("error")})
+    for r in rows:
+        record = launches.get(os.path.realpath(r["path"]))
+        if record and r["entry"] == record.get("entry") and _manifest_dynamic_smem(record) is not None:
+            r["dynamic_smem_bytes"] = _manifest_dynamic_smem(record)
+    return rows
+
+
+def _ptx_facts(text: str) -> dict:
+    """dynamic_smem_bytes from a PTX module: 0 without `.extern .shared`, else unknown."""
+    return {"dynamic_smem_bytes": None if parse_ptx_dynamic_smem(text) else 0}
+
+
 def _assemble_one(tc: Toolchain, ptx: Path, workdir: Path) -> list[dict]:
-    text = ptx.read_text()
-    arch = ptx_target(text)
-    fitted = fit_ptx_isa(text, tc.ptxas_release)
-    src = ptx
-    if fitted != text:  # opt-in ISA rewrite (ptxas 12.8)
-        src = workdir / f"{ptx.stem}.isa.ptx"
-        src.write_text(fitted)
-    cubin = workdir / f"{_file_label(ptx)}.{tc.ptxas_version}.cubin"
-    log = assemble(tc, src, cubin, arch=arch)
-    info = inspect_cubin(tc, cubin, log)
-    verify_ptxas(info, tc)
-    info["ptxas_version"] = tc.ptxas_version  # ptxas 12.x writes no tkinfo note
-    return _entry_rows(info, _file_label(ptx), "assembled", ptx)
+    try:
+        text = ptx.read_text()
+        arch = ptx_target(text)
+        fitted = fit_ptx_isa(text, tc.ptxas_release)
+        src = ptx
+        if fitted != text:  # opt-in ISA rewrite (ptxas 12.8)
+            src = workdir / f"{ptx.stem}.isa.ptx"
+            src.write_text(fitted)
+        cubin = workdir / f"{_file_label(ptx)}.{tc.ptxas_version}.cubin"
+        log = assemble(tc, src, cubin, arch=arch)
+        info = inspect_cubin(tc, cubin, log)
+        verify_ptxas(info, tc)
+        info["ptxas_version"] = tc.ptxas_version  # ptxas 12.x writes no tkinfo note
+        return _entry_rows(info, "assembled", ptx, _ptx_facts(text))
+    except (ToolchainError, OSError, ValueError, UnicodeDecodeError) as exc:
+        return [_error_row(ptx, "assembled", exc, tc.ptxas_version)]
 
 
 def assemble_matrix(
@@ -147,10 +355,11 @@ def assemble_matrix(
 ) -> list[dict[str, Any]]:
     """Assemble every PTX file with every ptxas release and inspect the cubins.
 
-    Returns one row per (PTX entry, version), ordered by file, then version as given.
-    ``kernel`` is the file's stem (``stem:entry`` for multi-entry files); ``path`` is
-    the PTX path.  Work runs in ``jobs`` threads (default: one per core).  Raises
-    ToolchainError for unknown versions, fetch or ptxas failures.
+    Returns one row per (PTX entry, version), ordered by file, then version as given;
+    ``path`` is the PTX path and ``kernel`` a unique label (:func:`label_rows`).  A file that
+    fails (unreadable, no .target, ptxas error) gives one row per version with ``error`` set.
+    Work runs in ``jobs`` threads (default: one per core).  Raises ToolchainError for unknown
+    versions or when a toolchain cannot be fetched.
     """
     paths = list(dict.fromkeys(Path(p) for p in ptx_paths))
     for version in versions:
@@ -163,7 +372,7 @@ def assemble_matrix(
         for _, _, workdir in tasks:
             workdir.mkdir()
         results = pool.map(lambda task: _assemble_one(*task), tasks)
-        return [row for rows in results for row in rows]
+        return label_rows([row for rows in results for row in rows])
 
 
 def _aggregate(rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -186,11 +395,11 @@ def pick_best(rows_for_one_kernel: Sequence[dict[str, Any]]) -> tuple[str, str]:
     """Choose a ptxas release for one kernel from its rows (one or more per version).
 
     Order: no spill bytes first, then no ptxas performance warning (e.g. C7512, serialised
-    wgmma), then fewest LDL+STL, then fewest registers, then the newest version.  Returns
-    ``(release, reason)``, e.g.
+    wgmma), then fewest LDL+STL, then fewest registers, then the newest version.  Rows with
+    an ``error`` do not compete.  Returns ``(release, reason)``, e.g.
     ``("13.1", "fewest LDL+STL: 0 vs 12 with 13.0")``.
     """
-    by_release = _aggregate(list(rows_for_one_kernel))
+    by_release = _aggregate([r for r in rows_for_one_kernel if not r.get("error") and r.get("ptxas_release")])
     if not by_release:
         raise ValueError("pick_best needs at least one row")
 
@@ -230,15 +439,69 @@ def _manifest_kernels(manifest_path: Path) -> tuple[Path, dict[str, dict]]:
     return manifest_path.parent, kernels
 
 
-def shipped_rows(manifest_path: Path) -> list[dict]:
-    """One row per manifest kernel, from the resources recorded at build time."""
+def _manifest_dynamic_smem(record: dict) -> int | None:
+    launch = record.get("launch") or {}
+    return launch.get("dynamic_smem_bytes", record.get("resources", {}).get("shared_bytes"))
+
+
+_PEAK_CACHE_VERSION = 1
+
+
+def _cubin_peaks(tools: Any, cubin: Path) -> dict:
+    """{entry: {"reg_peak", "reg_peak_by_role", "shared_bytes"}} of a cubin, cached by sha256
+    under $FA4_AOT_CACHE/reg_peaks (the SASS of a big kernel takes ~0.5 s to read)."""
+    import hashlib
+
+    digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    cache = cache_root() / "reg_peaks" / f"{digest}.nvdisasm-{NVDISASM_VERSION}.v{_PEAK_CACHE_VERSION}.json"
+    if cache.is_file():
+        try:
+            return json.loads(cache.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    info = inspect_cubin(tools, cubin)
+    peaks = {entry: {"reg_peak": res["reg_peak"], "reg_peak_by_role": res["reg_peak_by_role"],
+                     "shared_bytes": res["shared_bytes"]} for entry, res in info["entries"].items()}  # fmt: skip
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(peaks))
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return peaks
+
+
+def shipped_rows(manifest_path: Path, peaks: bool = False, jobs: int | None = None) -> list[dict]:
+    """One row per manifest kernel, from the resources recorded at build time.
+
+    The manifest's ``resources.shared_bytes`` is the dynamic shared memory of the launch; the
+    static figure and the register peaks need the cubin's SASS: read with ``peaks=True`` (else
+    unknown unless the manifest records them)."""
     base, kernels = _manifest_kernels(manifest_path)
     rows = []
     for name, record in kernels.items():
-        res = {"arch": record.get("arch"), **record.get("resources", {})}
+        recorded = record.get("resources", {})
+        res = {"arch": record.get("arch"), **recorded, "shared_bytes": recorded.get("static_shared_bytes"),
+               "dynamic_smem_bytes": _manifest_dynamic_smem(record)}  # fmt: skip
         rows.append(_row(name, record.get("entry"), "shipped", base / record.get("cubin", ""),
                          record.get("ptxas_version"), res, record.get("ptxas_diagnostics", ())))  # fmt: skip
+    if peaks:
+        todo = [r for r in rows if r["reg_peak"] is None]
+        if todo:
+            tools = get_inspect_tools()
+            with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+                found = list(pool.map(lambda r: _peaks_or_error(tools, r), todo))
+            for r, figures in zip(todo, found, strict=True):
+                r.update(figures)
     return rows
+
+
+def _peaks_or_error(tools: Any, row: dict) -> dict:
+    try:
+        return _cubin_peaks(tools, Path(row["path"])).get(row["entry"], {})
+    except (ToolchainError, OSError) as exc:
+        return {"note": f"no peaks: {exc}".splitlines()[0]}
 
 
 def reassembled_manifest_rows(manifest_path: Path, versions: Sequence[str], **kwargs) -> list[dict]:
@@ -258,23 +521,36 @@ def reassembled_manifest_rows(manifest_path: Path, versions: Sequence[str], **kw
         ptx = Path(row["path"])
         name = wanted.get((ptx, row["entry"])) or wanted.get((ptx, None))
         if name is not None:
-            out.append({**row, "kernel": name})
+            dyn = _manifest_dynamic_smem(kernels[name])
+            out.append({**row, "kernel": name,
+                        "dynamic_smem_bytes": dyn if dyn is not None else row["dynamic_smem_bytes"]})
     return out
 
 
 def cubin_rows(paths: Sequence[Path]) -> list[dict]:
-    """Rows for cubins inspected as they are; each must carry a ptxas tkinfo note."""
-    tools = get_inspect_tools()
+    """Rows for cubins inspected as they are (no ptxas -v log: spill bytes unknown).
+
+    A cubin without a tkinfo note gets a row with ptxas unknown and a note; one that cannot
+    be inspected at all gets a row with its error."""
     rows = []
+    tools = get_inspect_tools() if paths else None
     for path in paths:
-        info = inspect_cubin(tools, path)
+        try:
+            info = inspect_cubin(tools, path)
+        except (ToolchainError, OSError, ValueError) as exc:
+            rows.append(_error_row(path, "cubin", exc))
+            continue
+        note = None
         if info["ptxas_version"] is None:
-            raise ReportError(
-                f"{path} has no .note.nv.tkinfo, so which ptxas built it is unknown (ELF header: "
-                f"toolkit {info['elf_toolkit']}; ptxas 12.x and the CuTe DSL's embedded ptxas write "
-                "no note); pass its .ptx instead"
-            )
-        rows.extend(_entry_rows(info, _file_label(path), "cubin", path))
+            note = (f"no .note.nv.tkinfo: ptxas unknown (ELF header: toolkit {info['elf_toolkit']}); "
+                    "pass its .ptx to assemble it with a known ptxas")
+        if any(res.get("reg_peak") is None for res in info["entries"].values()):
+            why = info.get("reg_peak_error") or "no register life ranges in nvdisasm's output"
+            note = "; ".join(filter(None, [note, f"register peak unknown: {why}"]))
+        if not info["entries"]:
+            rows.append(_error_row(path, "cubin", ValueError("no kernel entries found"), arch=info["arch"]))
+            continue
+        rows.extend(_entry_rows(info, "cubin", path, {"dynamic_smem_bytes": None}, note))
     return rows
 
 
@@ -282,49 +558,69 @@ def cubin_rows(paths: Sequence[Path]) -> list[dict]:
 
 
 def _fmt(value: Any) -> str:
-    return "-" if value is None else str(value)
+    return "?" if value is None else str(value)
 
 
-def _truncate(text: str, width: int = 64) -> str:
-    return text if len(text) <= width else text[: width - 23] + "..." + text[-20:]
+def _roles(row: dict) -> str:
+    """``peak/budget`` per setmaxnreg region, launch budget first: ``38/168 22/24 224/240``."""
+    roles = row.get("reg_peak_by_role")
+    if roles is None or row.get("error"):
+        return "?"
+    if not roles:
+        return "-"
+    return " ".join(f"{r['peak']}/{_fmt(row.get('registers') if r['setmaxnreg'] is None else r['setmaxnreg'])}"
+                    for r in roles)
 
 
 def _flat_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
-    headers = ["!", "kernel", "arch", "regs", "stack", "spill st", "spill ld", "LDL", "STL", "smem", "ptxas",
-               "warn"]
+    headers = ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st", "spill ld",
+               "LDL", "STL", "smem", "dyn smem", "ptxas", "warn", "path"]
     body, marks = [], []
     for r in rows:
-        bad = spills(r)
-        body.append(
-            ["!" if bad else "", _truncate(r["kernel"]), _fmt(r["arch"]), _fmt(r["registers"]),
-             _fmt(r["stack_frame"]), _fmt(r["spill_store_bytes"]), _fmt(r["spill_load_bytes"]),
-             _fmt(r["ldl"]), _fmt(r["stl"]), _fmt(r["shared_bytes"]), _fmt(r["ptxas_version"]),
-             ",".join(r.get("ptxas_warnings") or ["-"])]
-        )  # fmt: skip
+        bad = spills(r) or bool(r.get("error"))
+        if r.get("error"):
+            body.append(["E", r["kernel"], _fmt(r["arch"]), *["?"] * 10, _fmt(r["ptxas_version"]), "-",
+                         _display_path(r["path"])])
+        else:
+            body.append(
+                ["!" if spills(r) else "", r["kernel"], _fmt(r["arch"]), _fmt(r["registers"]), _fmt(r.get("reg_peak")),
+                 _roles(r), _fmt(r["stack_frame"]), _fmt(r["spill_store_bytes"]), _fmt(r["spill_load_bytes"]),
+                 _fmt(r["ldl"]), _fmt(r["stl"]), _fmt(r["shared_bytes"]), _fmt(r.get("dynamic_smem_bytes")),
+                 _fmt(r["ptxas_version"]), ",".join(r.get("ptxas_warnings") or ["-"]), _display_path(r["path"])]
+            )  # fmt: skip
         marks.append(bad)
     return headers, body, marks
 
 
+def _sum_known(*values: Any) -> int | None:
+    return None if all(v is None for v in values) else sum(_n(v) for v in values)
+
+
 def _cell(row: dict) -> str:
-    spill = _n(row["spill_store_bytes"]) + _n(row["spill_load_bytes"])
-    local_ops = _n(row["ldl"]) + _n(row["stl"])
-    return (f"{_fmt(row['registers'])}/{spill}/{local_ops}" + (" !" if spills(row) else "")
+    """``registers/spill bytes/LDL+STL`` with ``?`` for what is unknown (e.g. ``128/?/0`` for a
+    cubin: no ptxas log, so no spill bytes); ``error`` when the file failed."""
+    if row.get("error"):
+        return "error"
+    spill = _sum_known(row["spill_store_bytes"], row["spill_load_bytes"])
+    local_ops = _sum_known(row["ldl"], row["stl"])
+    return (f"{_fmt(row['registers'])}/{_fmt(spill)}/{_fmt(local_ops)}" + (" !" if spills(row) else "")
             + (" w" if row.get("ptxas_warnings") else ""))
 
 
-MATRIX_LEGEND = ("cell = registers / spill bytes (stores+loads) / LDL+STL count; ! = spills; "
+MATRIX_LEGEND = ("cell = registers / spill bytes (stores+loads) / LDL+STL count; ? = unknown; ! = spills; "
                  "w = a ptxas performance warning (the table and --format json name the code, "
                  "e.g. C7512: wgmma serialised)")
 
 
-def _versions(rows: list[dict]) -> list[str]:
-    """The full ptxas versions present, oldest first."""
-    return sorted({r["ptxas_version"] for r in rows}, key=lambda v: version_key(v) if v else ())
+def _versions(rows: list[dict]) -> list[str | None]:
+    """The full ptxas versions present, oldest first (None = unknown, last)."""
+    known = sorted({r["ptxas_version"] for r in rows if r["ptxas_version"]}, key=version_key)
+    return known + ([None] if any(r["ptxas_version"] is None for r in rows) else [])
 
 
-def _by_kernel(rows: list[dict], field: str) -> dict[str, dict[str, dict]]:
-    """{kernel: {row[field]: row}}, kernels in first-seen order."""
-    grouped: dict[str, dict[str, dict]] = {}
+def _by_kernel(rows: list[dict], field: str) -> dict[str, dict[Any, dict]]:
+    """{kernel label: {row[field]: row}}, kernels in first-seen order (labels are unique)."""
+    grouped: dict[str, dict[Any, dict]] = {}
     for r in rows:
         grouped.setdefault(r["kernel"], {})[r[field]] = r
     return grouped
@@ -333,14 +629,20 @@ def _by_kernel(rows: list[dict], field: str) -> dict[str, dict[str, dict]]:
 def _matrix_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
     versions = _versions(rows)
     by_kernel = _by_kernel(rows, "ptxas_version")
-    headers = ["!", "kernel", "arch", *versions, "best"]
+    headers = ["!", "kernel", "arch", *(v or "ptxas ?" for v in versions), "best", "peak", "roles (peak/budget)",
+               "path"]
     body, marks = [], []
     for kernel, cells in by_kernel.items():
-        bad = any(spills(r) for r in cells.values())
-        best = pick_best(list(cells.values()))[0] if len(cells) > 1 else ""
-        arch = next(iter(cells.values()))["arch"]
-        body.append(["!" if bad else "", _truncate(kernel), _fmt(arch),
-                     *(_cell(cells[v]) if v in cells else "" for v in versions), best])  # fmt: skip
+        bad = any(spills(r) or r.get("error") for r in cells.values())
+        good = [r for r in cells.values() if not r.get("error") and r.get("ptxas_release")]
+        best = pick_best(good)[0] if len(good) > 1 else ""
+        some = next((r for r in cells.values() if not r.get("error")), next(iter(cells.values())))
+        peaks = sorted({str(r["reg_peak"]) for r in cells.values() if r.get("reg_peak") is not None})
+        roles = list(dict.fromkeys(_roles(r) for r in cells.values() if not r.get("error")))
+        body.append(["!" if bad else "", kernel, _fmt(some["arch"]),
+                     *(_cell(cells[v]) if v in cells else "" for v in versions), best,
+                     ",".join(peaks) or "?", ", ".join(roles) or "?",
+                     _display_path(some.get("path") or "?")])  # fmt: skip
         marks.append(bad)
     return headers, body, marks
 
@@ -348,10 +650,11 @@ def _matrix_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bo
 def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: str, colour: bool) -> str:
     if fmt == "md":
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
         return "\n".join(lines)
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
-    numeric = [i for i, h in enumerate(headers) if h not in ("!", "kernel", "arch", "best")]
+    left = ("!", "kernel", "arch", "best", "roles (peak/budget)", "path")
+    numeric = [i for i, h in enumerate(headers) if h not in left]
 
     def line(cells: list[str]) -> str:
         parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
@@ -364,30 +667,51 @@ def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: s
     return "\n".join(lines)
 
 
+def _footnotes(rows: list[dict]) -> list[str]:
+    notes = []
+    for r in rows:
+        for what in ("error", "note"):
+            if r.get(what):
+                text = f"{what}: {r['kernel']} ({_display_path(r['path'])}"
+                text += f", ptxas {r['ptxas_version']}): " if r.get("ptxas_version") else "): "
+                notes.append(text + r[what])
+    return list(dict.fromkeys(notes))
+
+
 def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False) -> str:
     """Format rows as ``table``/``md`` (flat or kernel × version matrix), ``json`` or ``csv``."""
     if fmt == "json":
         return json.dumps(rows, indent=2)
     if fmt == "csv":
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["kernel"], lineterminator="\n")
+        fields = list(rows[0]) if rows else ["kernel", "path"]
+        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
-        writer.writerows({k: ";".join(v) if isinstance(v, list) else v for k, v in r.items()}
-                         for r in rows)
+        for r in rows:
+            out = {k: ";".join(v) if isinstance(v, list) and all(isinstance(x, str) for x in v) else v
+                   for k, v in r.items()}  # fmt: skip
+            out["reg_peak_by_role"] = _roles(r).replace(" ", ";") if not r.get("error") else None
+            writer.writerow(out)
         return buf.getvalue().rstrip("\n")
     if not rows:
         return "(no kernels)"
     table = _matrix_table(rows) if matrix else _flat_table(rows)
     text = _render(*table, fmt, colour)
-    return f"{text}\n\n{MATRIX_LEGEND}" if matrix else text
+    notes = _footnotes(rows)
+    if matrix:
+        text += f"\n\n{MATRIX_LEGEND}"
+    if notes:
+        text += "\n\n" + "\n".join(notes)
+    return text
 
 
 def changed_rows(rows: list[dict], release_a: str, release_b: str) -> list[dict]:
-    """Rows of the kernels whose figures differ between two ptxas releases."""
+    """Rows of the kernels whose figures differ between two ptxas releases (every version's
+    rows of such a kernel are kept)."""
     keep = set()
     for kernel, cells in _by_kernel(rows, "ptxas_release").items():
         a, b = cells.get(release_a), cells.get(release_b)
-        if a is None or b is None or any(a[k] != b[k] for k in RESOURCE_FIELDS):
+        if a is None or b is None or any(a.get(k) != b.get(k) for k in (*RESOURCE_FIELDS, "reg_peak", "error")):
             keep.add(kernel)
     return [r for r in rows if r["kernel"] in keep]
 
@@ -400,25 +724,30 @@ def write_png(rows: list[dict], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ReportError("--png needs matplotlib (pip install matplotlib)") from exc
+        raise ReportError(PNG_HINT.format(python=sys.executable)) from exc
     if not rows:
         raise ReportError("--png: no kernels to plot")
+    import textwrap
+
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
     versions = _versions(rows)
     grid = [[0.0] * len(versions) for _ in kernels]
-    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(versions), 1 + 0.45 * len(kernels)))
+    label_chars = min(max(len(k) for k in kernels), 48)
+    width = max(6.0, 0.09 * label_chars + 1.5 * len(versions) + 1.0)
+    fig, ax = plt.subplots(figsize=(width, 1.8 + 0.4 * len(kernels)), layout="constrained")
     for r in rows:
         i, j = kernels.index(r["kernel"]), versions.index(r["ptxas_version"])
         badness = _n(r["spill_store_bytes"]) + _n(r["spill_load_bytes"]) + _n(r["ldl"]) + _n(r["stl"])
         grid[i][j] = float(badness)
         ax.text(j, i, _cell(r), ha="center", va="center", fontsize=8)
     ax.imshow(grid, cmap="Reds", aspect="auto", vmin=0)
-    ax.set_xticks(range(len(versions)), versions)
-    ax.set_yticks(range(len(kernels)), [_truncate(k, 40) for k in kernels], fontsize=8)
+    ax.set_xticks(range(len(versions)), [v or "ptxas ?" for v in versions])
+    ax.set_yticks(range(len(kernels)), ["\n".join(textwrap.wrap(k, 48)) or k for k in kernels], fontsize=8)
     ax.set_xlabel("ptxas")
-    ax.set_title(MATRIX_LEGEND, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
+    # the legend as a figure title, wrapped to the figure's width (about 14 characters an inch at 8 pt)
+    fig.suptitle("\n".join(textwrap.wrap(MATRIX_LEGEND, max(40, int(width * 14)))), fontsize=8, x=0.01,
+                 ha="left")  # fmt: skip
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -428,14 +757,22 @@ def write_png(rows: list[dict], path: Path) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spill_report",
-        description="Registers, spills and LDL/STL of fa4_aot kernels, per ptxas version.",
+        description="Registers (budget and true peak), spills and LDL/STL of any PTX or cubin, per ptxas version.",
+        epilog="exit status (a sum): 0 fine; 1 a kernel spills (with --fail-on-spill); 2 the run was refused "
+               "(bad arguments/manifest, unknown ptxas) or --png failed; 4 some input file failed (its row "
+               "says why)",
     )
     p.add_argument("paths", nargs="*", type=Path,
                    help=".ptx files (assembled for their .target) or .cubin files (inspected as they are)")
     p.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST,
                    help=f"manifest to report on when no paths are given (default {DEFAULT_MANIFEST})")
     p.add_argument("--ptxas", nargs="+", metavar="X.Y", help="re-assemble PTX with these ptxas releases")
-    p.add_argument("--diff", nargs=2, metavar=("A", "B"), help="only kernels that change between releases A and B")
+    p.add_argument("--diff", nargs=2, metavar=("A", "B"),
+                   help="only kernels that change between releases A and B (A and B are assembled too; "
+                        "combines with --ptxas)")
+    p.add_argument("--peaks", action="store_true",
+                   help="manifest report: read the shipped cubins' SASS for the true register peaks and "
+                        "static smem (~0.5 s per kernel the first time, then cached); files always get them")
     p.add_argument("--format", choices=("table", "md", "json", "csv"), default="table")
     p.add_argument("--png", type=Path, metavar="FILE", help="also write a heatmap (needs matplotlib)")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 when any kernel spills")
@@ -447,33 +784,35 @@ def _parser() -> argparse.ArgumentParser:
 
 def _collect(args: argparse.Namespace) -> tuple[list[dict], list[dict], bool]:
     """(rows to show, extra rows that only count for --fail-on-spill, matrix view?)."""
-    if args.ptxas and args.diff:
-        raise ReportError("use either --ptxas or --diff")
-    versions = list(args.diff or args.ptxas or [])
+    versions = list(dict.fromkeys([*(args.ptxas or []), *(args.diff or [])]))
     for version in versions:  # fail before reading or fetching anything
         check_ptxas_release(version, args.allow_isa_rewrite)
     kwargs = {"allow_isa_rewrite": args.allow_isa_rewrite, "jobs": args.jobs}
 
     if not args.paths:
         if not versions:
-            return shipped_rows(args.manifest), [], False
+            return shipped_rows(args.manifest, peaks=args.peaks, jobs=args.jobs), [], False
         rows = reassembled_manifest_rows(args.manifest, versions, **kwargs)
         return rows, shipped_rows(args.manifest), True
 
     for path in args.paths:
-        if not path.is_file():
-            raise ReportError(f"{path}: no such file")
         if path.suffix not in (".ptx", ".cubin"):
             raise ReportError(f"{path}: expected a .ptx or .cubin file")
-    ptx = [p for p in args.paths if p.suffix == ".ptx"]
-    rows = cubin_rows([p for p in args.paths if p.suffix == ".cubin"])
+    missing = [p for p in args.paths if not p.is_file()]
+    if len(missing) == len(args.paths):
+        raise ReportError(f"{missing[0]}: no such file")
+    ptx = [p for p in args.paths if p.suffix == ".ptx" and p.is_file()]
+    rows = [_error_row(p, "file", FileNotFoundError(f"{p}: no such file")) for p in missing]
+    rows += cubin_rows([p for p in args.paths if p.suffix == ".cubin" and p.is_file()])
     if ptx:
         rows += assemble_matrix(ptx, versions or [DEFAULT_PTXAS], **kwargs)
-    return rows, [], len({r["ptxas_version"] for r in rows}) > 1
+    label_rows(_with_manifest_launch(rows))
+    return rows, [], len({r["ptxas_version"] for r in rows if not r.get("error")}) > 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    status = 0
     try:
         rows, also_checked, matrix = _collect(args)
         if args.diff:
@@ -483,26 +822,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"no kernel changes between ptxas {args.diff[0]} and {args.diff[1]}")
         else:
             print(render(rows, args.format, matrix, colour))
-        if args.png:
-            write_png(rows, args.png)
     except (ReportError, ToolchainError, OSError, ValueError) as exc:
         first, *more = str(exc).strip().splitlines() or [repr(exc)]
         print(f"spill_report: error: {first}", file=sys.stderr)
         for extra in more[:8]:  # a ptxas failure: the first lines of its output
             print(f"  {extra}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
+    failed = [r for r in rows if r.get("error")]
+    for r in failed:
+        print(f"spill_report: {r['kernel']} ({_display_path(r['path'])}) failed: {r['error']}", file=sys.stderr)
+    if failed:
+        status |= EXIT_FILE_FAILED
+    if args.png:
+        try:
+            write_png(rows, args.png)
+        except (ReportError, OSError, ValueError) as exc:
+            print(f"spill_report: --png not written: {exc}", file=sys.stderr)
+            status |= EXIT_REFUSED
     if args.fail_on_spill:
         bad = [r for r in also_checked + rows if spills(r)]
+        for r in bad:
+            print(
+                f"spill_report: {r['source']} {r['kernel']} (ptxas {r['ptxas_version']}) spills: "
+                f"{_fmt(r['spill_store_bytes'])} B stores, {_fmt(r['spill_load_bytes'])} B loads, "
+                f"{_n(r['ldl'])} LDL, {_n(r['stl'])} STL",
+                file=sys.stderr,
+            )
         if bad:
-            for r in bad:
-                print(
-                    f"spill_report: {r['source']} {r['kernel']} (ptxas {r['ptxas_version']}) spills: "
-                    f"{_fmt(r['spill_store_bytes'])} B stores, {_fmt(r['spill_load_bytes'])} B loads, "
-                    f"{_n(r['ldl'])} LDL, {_n(r['stl'])} STL",
-                    file=sys.stderr,
-                )
-            return 1
-    return 0
+            status |= EXIT_SPILL
+    return status
 
 
 if __name__ == "__main__":

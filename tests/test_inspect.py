@@ -246,6 +246,8 @@ def test_inspect_cubin_combines_all_sources(monkeypatch):
     assert info["entries"][PRESSURE] == {
         "registers": 32, "stack_frame": 368, "spill_store_bytes": 640, "spill_load_bytes": 728,
         "shared_bytes": 0, "local_bytes": 0, "ldl": 168, "stl": 126,
+        # the captured `nvdisasm -c` output has no life-range columns: peaks unknown
+        "reg_peak": None, "reg_live_max": None, "reg_peak_by_role": None,
     }  # fmt: skip
     assert info["entries"][REVERSE]["shared_bytes"] == 1536
 
@@ -261,6 +263,52 @@ def test_inspect_cubin_without_log_or_note(monkeypatch):
     entry = info["entries"][WG]
     assert (entry["registers"], entry["stack_frame"]) == (232, 0)  # from the resource usage
     assert (entry["spill_store_bytes"], entry["spill_load_bytes"]) == (None, None)
+
+
+def test_register_peaks_per_setmaxnreg_role():
+    """nvdisasm -c -plr -lrm narrow of wg_gemm (ptxas 13.1): launch budget 232, but the SASS
+    touches R0..R87; the producer (setmaxnreg 40) R0, the MMA warpgroup (232) up to R87."""
+    text = fixture("wg_gemm.ptxas-13.1.115.nvdisasm-plr.txt")
+    peaks = ic.parse_register_peaks(text)
+    assert peaks[WG] == {
+        "peak": 88, "live_max": 68, "cfg_complete": True,
+        "by_role": [{"setmaxnreg": None, "peak": 3, "instructions": 27},
+                    {"setmaxnreg": 40, "peak": 1, "instructions": 37},
+                    {"setmaxnreg": 232, "peak": 88, "instructions": 260}],
+    }  # fmt: skip
+    assert ic.count_local_mem_ops(text) == {WG: {"LDL": 0, "STL": 0}}  # same text serves both
+    assert ic.parse_register_peaks(fixture("wg_gemm.ptxas-13.1.115.nvdisasm.txt")) == {}  # no columns
+
+
+def test_register_peaks_follow_control_flow():
+    """Synthetic life-range listing: a role switch through BRX with nvdisasm's target list, a
+    guardrail CALL that traps (no fall-through) and its clobber marks ignored."""
+    head = ("\t.section\t.text.k,\"ax\",@progbits\n"
+            "  // | GPR      |\n  // |     00000 |\n  // |  # 01234 |\n")
+
+    def insn(addr: int, text: str, marks: str) -> str:
+        return f"        /*{addr:04x}*/   {text} ;   // |{marks[:3]} {marks[3:]}|\n"
+
+    sass = head + "".join([
+        insn(0x00, "MOV R0, 0x1", "  1^    "),
+        insn(0x10, 'BRX R0 -0x20 (*"BRANCH_TARGETS .L_x_1,.L_x_2"*)', "  1v    "),
+        ".L_x_1:\n", insn(0x20, "USETMAXREG.DEALLOC.CTAPOOL 0x18", "  0     "),
+        insn(0x28, "MOV R1, 0x0", "  1 ^   "),
+        insn(0x30, "CALL.REL.NOINC `($__internal_0_$__trap)", "  5xxxxx"),  # clobbers: not a use
+        insn(0x40, "MOV R4, 0x2", "  1    ^"),  # the callee traps: never reached from the 24 role
+        insn(0x50, "EXIT", "  0     "),
+        ".L_x_2:\n", insn(0x60, "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", "  0     "),
+        insn(0x70, "MOV R3, 0x2", "  1   ^ "),
+        insn(0x80, "BRA `(.L_x_3)", "  1   : "),
+        "$__internal_0_$__trap:\n", insn(0x90, "BPT.TRAP 0x1", "  0     "),
+        insn(0xa0, "RET.REL.NODEC R2 `(k)", "  0     "),
+        ".L_x_3:\n", insn(0xb0, "MOV R4, R3", "  2   v^"),
+        insn(0xc0, "EXIT", "  0     "),
+    ])  # fmt: skip
+    peaks = ic.parse_register_peaks(sass)["k"]
+    roles = {r["setmaxnreg"]: r["peak"] for r in peaks["by_role"]}
+    assert peaks["cfg_complete"] and peaks["peak"] == 5
+    assert roles[24] == 2 and roles[240] == 5  # R4 of 0x40 is not charged to the 24 role
 
 
 # --------------------------------------------------------------------------- verify_ptxas

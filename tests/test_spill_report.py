@@ -74,14 +74,17 @@ def test_table_marks_spilling_kernels(capsys, manifest):
     rc, out, err = run(capsys, "--manifest", manifest)
     assert rc == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0].split() == ["!", "kernel", "arch", "regs", "stack", "spill", "st", "spill", "ld",
-                                "LDL", "STL", "smem", "ptxas", "warn"]  # fmt: skip
-    rows = {line.split()[-11]: line for line in lines[2:]}
+    header = [h.strip() for h in lines[0].split("  ") if h.strip()]
+    assert header == ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st",
+                      "spill ld", "LDL", "STL", "smem", "dyn smem", "ptxas", "warn", "path"]  # fmt: skip
+    rows = {line.split()[1] if line.startswith("!") else line.split()[0]: line for line in lines[2:]}
     assert rows["fwd_clean"].startswith(" ")
     assert rows["fwd_role_spill"].startswith("!")  # LDL/STL alone count as spilling
     assert rows["fwd_spill"].startswith("!")
-    assert rows["fwd_spill"].split()[-11:] == ["fwd_spill", "sm_90a", "255", "64", "64", "96", "4", "4",
-                                              "164864", "13.1.115", "-"]  # fmt: skip
+    # peaks and static smem are unknown without --peaks: "?", never 0; dyn smem from the manifest
+    assert rows["fwd_spill"].split()[1:-1] == ["fwd_spill", "sm_90a", "255", "?", "?", "64", "64", "96", "4",
+                                               "4", "?", "164864", "13.1.115", "-"]  # fmt: skip
+    assert rows["fwd_spill"].split()[-1].endswith("fwd_spill.cubin")
     assert "\033[" not in out  # not a terminal: no colour
 
 
@@ -135,8 +138,17 @@ def test_png_heatmap(capsys, manifest, tmp_path):
 
 def test_png_without_matplotlib(capsys, manifest, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    rc, _, err = run(capsys, "--manifest", manifest, "--png", tmp_path / "x.png")
-    assert rc == 2 and "needs matplotlib" in err
+    rc, out, err = run(capsys, "--manifest", manifest, "--png", tmp_path / "x.png")
+    assert rc == 2 and "needs matplotlib" in err and "pip install -r requirements-build.txt" in err
+    assert "fwd_clean" in out  # the report itself is still printed
+    # --fail-on-spill's status is kept: 1 (spills) + 2 (no png)
+    rc, _, err = run(capsys, "--manifest", manifest, "--png", tmp_path / "x.png", "--fail-on-spill")
+    assert rc == 3 and "fwd_spill" in err and "needs matplotlib" in err
+
+
+def test_build_requirements_carry_matplotlib():
+    reqs = (ROOT / "requirements-build.txt").read_text().split()
+    assert any(r.split("=")[0].split(">")[0] == "matplotlib" for r in reqs)
 
 
 def test_runs_as_a_script_with_the_default_manifest(manifest):
@@ -159,7 +171,7 @@ def test_runs_as_a_script_with_the_default_manifest(manifest):
         (["{tmp}/bad.json"], "expected a .ptx or .cubin file"),
         (["--ptxas", "13.9", str(WG_PTX)], "unknown ptxas version '13.9'; valid: 12.9, 13.0"),
         (["--ptxas", "12.8", str(WG_PTX)], "the minimum ptxas is 12.9"),
-        (["--ptxas", "13.1", "--diff", "13.0", "13.1"], "use either --ptxas or --diff"),
+        (["--ptxas", "13.1", "--diff", "13.0", "13.9", str(WG_PTX)], "unknown ptxas version '13.9'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, message):
@@ -223,12 +235,23 @@ def test_changed_rows_keeps_only_differing_kernels():
 
 
 def test_matrix_render():
-    rows = [row("13.0", spill=4), row("13.1")]
+    rows = [row("13.0", spill=4) | {"path": "k.ptx"}, row("13.1") | {"path": "k.ptx"}]
     text = render(rows, "table", matrix=True)
     header, _, line = text.splitlines()[:3]
-    assert header.split() == ["!", "kernel", "arch", "13.0.88", "13.1.115", "best"]
-    assert line.split() == ["!", "k", "sm_90a", "90/8/0", "!", "90/0/0", "13.1"]
+    assert header.split() == ["!", "kernel", "arch", "13.0.88", "13.1.115", "best", "peak", "roles",
+                              "(peak/budget)", "path"]  # fmt: skip
+    assert line.split() == ["!", "k", "sm_90a", "90/8/0", "!", "90/0/0", "13.1", "?", "?", "k.ptx"]
     assert text.endswith(sr.MATRIX_LEGEND)
+
+
+def test_matrix_never_shows_unknown_as_zero():
+    """A cubin has no ptxas -v log: spill bytes unknown -> '?', not 0 (issue 17)."""
+    cubin = row("13.1", regs=128) | {"spill_store_bytes": None, "spill_load_bytes": None, "path": "x.cubin"}
+    assert sr._cell(cubin) == "128/?/0"
+    assert sr._cell(cubin | {"ldl": None, "stl": None}) == "128/?/?"
+    text = render([cubin, row("13.0") | {"kernel": "k2", "path": "y.ptx"}], "table", matrix=True)
+    assert "128/?/0" in text and "128/0/0" not in text
+    assert sr._cell(cubin | {"error": "ValueError: bad"}) == "error"
 
 
 # --------------------------------------------------------------------------- real toolchains
@@ -257,51 +280,132 @@ def test_real_toolchains_are_cached(toolchains, monkeypatch):
 
 def test_end_to_end_two_versions(toolchains, capsys):
     rows = assemble_matrix([PRESSURE_PTX, WG_PTX], ["13.0", "13.1"])
-    assert [(r["kernel"].split(":")[0], r["ptxas_release"]) for r in rows] == [
-        ("pressure_maxnreg32", "13.0"), ("pressure_maxnreg32", "13.0"),
-        ("pressure_maxnreg32", "13.1"), ("pressure_maxnreg32", "13.1"),
-        ("wg_gemm", "13.0"), ("wg_gemm", "13.1"),
+    assert [(r["kernel"], r["ptxas_release"]) for r in rows] == [
+        ("reverse_kernel sm_90a", "13.0"), ("pressure_kernel sm_90a", "13.0"),
+        ("reverse_kernel sm_90a", "13.1"), ("pressure_kernel sm_90a", "13.1"),
+        ("wg_gemm_kernel sm_90a", "13.0"), ("wg_gemm_kernel sm_90a", "13.1"),
     ]  # fmt: skip
     by_key = {(r["kernel"], r["ptxas_release"]): r for r in rows}
     for release, tc in toolchains.items():
-        wg = by_key[("wg_gemm", release)]
+        wg = by_key[("wg_gemm_kernel sm_90a", release)]
         assert wg["ptxas_version"] == tc.ptxas_version and wg["source"] == "assembled"
         assert (wg["registers"], wg["ldl"], wg["stl"], wg["spill_store_bytes"]) == (232, 0, 0, 0)
-        pressure = [r for (k, rel), r in by_key.items() if "pressure_kernel" in k and rel == release][0]
+        # the launch budget is 232, the SASS touches R0..R87; per setmaxnreg region peak/budget
+        assert wg["reg_peak"] == 88 and sr._roles(wg) == "3/232 1/40 88/232"
+        assert wg["dynamic_smem_bytes"] is None  # `.extern .shared`: sized at launch, unknown
+        pressure = by_key[("pressure_kernel sm_90a", release)]
         assert pressure["spill_store_bytes"] > 0 and pressure["ldl"] > 0 and pressure["registers"] == 32
-    assert pick_best([r for r in rows if r["kernel"] == "wg_gemm"])[0] == "13.1"
+        assert pressure["reg_peak"] == 30 and pressure["reg_peak_by_role"] == []
+        assert pressure["dynamic_smem_bytes"] == 0  # no `.extern .shared`
+    assert pick_best([r for r in rows if r["kernel"].startswith("wg_gemm")])[0] == "13.1"
 
     rc, out, _ = run(capsys, PRESSURE_PTX, WG_PTX, "--ptxas", "13.0", "13.1")
     assert rc == 0
-    assert out.splitlines()[0].split() == ["!", "kernel", "arch", toolchains["13.0"].ptxas_version,
-                                           toolchains["13.1"].ptxas_version, "best"]  # fmt: skip
-    assert "232/0/0" in out and sr.MATRIX_LEGEND in out
+    assert out.splitlines()[0].split()[:6] == ["!", "kernel", "arch", toolchains["13.0"].ptxas_version,
+                                               toolchains["13.1"].ptxas_version, "best"]  # fmt: skip
+    assert "232/0/0" in out and sr.MATRIX_LEGEND in out and "3/232 1/40 88/232" in out
 
     rc, _, err = run(capsys, PRESSURE_PTX, WG_PTX, "--ptxas", "13.0", "13.1", "--fail-on-spill")
     assert rc == 1 and "pressure_kernel" in err and "wg_gemm" not in err
 
     rc, out, _ = run(capsys, WG_PTX, "--diff", "13.0", "13.1", "--format", "json")
     assert rc == 0 and json.loads(out) == []  # same figures from both versions
+    # --ptxas and --diff combine (issue 19): all versions assembled, only changed kernels kept
+    rc, out, _ = run(capsys, PRESSURE_PTX, WG_PTX, "--ptxas", "13.0", "13.1", "--diff", "13.0", "13.1",
+                     "--format", "json")  # fmt: skip
+    assert rc == 0 and {r["ptxas_release"] for r in json.loads(out)} <= {"13.0", "13.1"}
+    assert all(not r["kernel"].startswith("wg_gemm") for r in json.loads(out))
 
 
 def test_manifest_reassembly_uses_kernel_names(toolchains, capsys, tmp_path):
     shutil.copy(WG_PTX, tmp_path / "wg.ptx")
     path = write_manifest(tmp_path, {"fwd_wg": kernel_record("fwd_wg", resources(), WG_ENTRY, "wg.ptx")})
+    data = json.loads(path.read_text())
+    data["kernels"]["fwd_wg"]["launch"] = {"dynamic_smem_bytes": 99328}
+    path.write_text(json.dumps(data))
     rc, out, _ = run(capsys, "--manifest", path, "--ptxas", "13.0", "13.1", "--format", "json")
     rows = json.loads(out)
     assert rc == 0 and [(r["kernel"], r["ptxas_release"]) for r in rows] == [("fwd_wg", "13.0"), ("fwd_wg", "13.1")]
+    assert all(r["dynamic_smem_bytes"] == 99328 and r["reg_peak"] == 88 for r in rows)  # ABI known
 
 
 def test_cubins_inspected_directly(toolchains, capsys):
-    rc, out, _ = run(capsys, FIXTURES / "pressure_maxnreg32.ptxas-13.1.115.cubin", "--format", "json")
+    """A cubin with a tkinfo note and one without (the DSL's embedded ptxas) in one run: both
+    reported, the second with ptxas unknown and a note; nothing aborts (issue 17)."""
+    with_note, without = FIXTURES / "pressure_maxnreg32.ptxas-13.1.115.cubin", FIXTURES / "wg_gemm.dsl-embedded.cubin"
+    rc, out, err = run(capsys, with_note, without, "--format", "json")
     rows = {r["entry"]: r for r in json.loads(out)}
-    assert rc == 0
+    assert rc == 0 and err == ""
     pressure = next(r for e, r in rows.items() if "pressure_kernel" in e)
     assert (pressure["ldl"], pressure["stl"], pressure["ptxas_version"]) == (168, 126, "13.1.115")
     assert pressure["spill_store_bytes"] is None  # no -v log for a finished cubin
+    assert pressure["reg_peak"] == 30 and pressure["path"] == str(with_note)
+    wg = rows[WG_ENTRY]
+    assert wg["ptxas_version"] is None and wg["registers"] == 232 and wg["error"] is None
+    assert "no .note.nv.tkinfo" in wg["note"] and "toolkit 12.9" in wg["note"]
+    assert wg["reg_peak"] is None and "register peak unknown" in wg["note"]  # old-format ELF
 
-    rc, out, err = run(capsys, FIXTURES / "wg_gemm.dsl-embedded.cubin")
-    assert rc == 2 and out == "" and "has no .note.nv.tkinfo" in err and err.count("\n") == 1
+    rc, out, _ = run(capsys, with_note, without)  # two ptxas versions (13.1.115, unknown): a matrix
+    assert out.splitlines()[0].split()[3:6] == ["13.1.115", "ptxas", "?"]
+    line = next(ln for ln in out.splitlines() if ln.lstrip(" !").startswith("wg_gemm_kernel"))
+    assert line.split()[2:5] == ["sm_90a", "232/?/0", "?"]  # spill bytes and peak unknown, never 0
+    assert "note: wg_gemm_kernel" in out
+    rc, out, _ = run(capsys, with_note, without, "--format", "csv")
+    assert rc == 0 and "path" in out.splitlines()[0].split(",")
+
+
+def test_same_stem_in_two_folders_are_two_rows(toolchains, capsys):
+    """Two different kernels, same file name and entry name, in two folders (FA4's dumps look
+    like this): two rows, two labels, the path in every format (issue 17)."""
+    a, b = FIXTURES / "same_stem" / "a" / "kernel.sm_90a.ptx", FIXTURES / "same_stem" / "b" / "kernel.sm_90a.ptx"
+    rc, out, _ = run(capsys, a, b, "--format", "json")
+    rows = json.loads(out)
+    assert rc == 0 and len(rows) == 2 and rows[0]["entry"] == rows[1]["entry"]
+    assert [r["kernel"] for r in rows] == ["wg_gemm_kernel sm_90a [a]", "wg_gemm_kernel sm_90a [b]"]
+    assert [r["registers"] for r in rows] == [232, 90]  # b ignores setmaxnreg (no .minnctapersm)
+    assert [r["path"] for r in rows] == [str(a), str(b)]
+    for fmt in ("table", "md", "csv"):
+        rc, out, _ = run(capsys, a, b, "--format", fmt)
+        assert rc == 0 and "[a]" in out and "[b]" in out and "same_stem/b/kernel.sm_90a.ptx" in out
+    rc, out, _ = run(capsys, a, b, "--ptxas", "13.0", "13.1")  # matrix: two lines too
+    assert sum("wg_gemm_kernel sm_90a [" in ln for ln in out.splitlines()) == 2
+
+
+def test_png_of_file_kernels(toolchains, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "m.png"
+    a, b = FIXTURES / "same_stem" / "a" / "kernel.sm_90a.ptx", FIXTURES / "same_stem" / "b" / "kernel.sm_90a.ptx"
+    rc, _, _ = run(capsys, a, b, "--ptxas", "13.0", "13.1", "--png", png)
+    assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_failed_file_is_a_row_and_the_run_goes_on(toolchains, capsys, tmp_path):
+    bad_cubin = tmp_path / "broken.cubin"
+    bad_cubin.write_bytes(b"not an ELF file")
+    bad_ptx = tmp_path / "broken.sm_90a.ptx"
+    bad_ptx.write_text(WG_PTX.read_text().replace("setmaxnreg.inc.sync.aligned.u32", "setmaxnreg.bogus.u32"))
+    rc, out, err = run(capsys, bad_cubin, bad_ptx, PRESSURE_PTX, "--format", "json")
+    rows = json.loads(out)
+    assert rc == 4  # a file failed; the others are reported
+    errors = {Path(r["path"]).name: r["error"] for r in rows if r["error"]}
+    assert set(errors) == {"broken.cubin", "broken.sm_90a.ptx"} and "ptxas" in errors["broken.sm_90a.ptx"]
+    assert any(r["kernel"].startswith("pressure_kernel") and r["ldl"] for r in rows)
+    assert "broken.cubin" in err and "failed" in err
+    rc, out, _ = run(capsys, bad_cubin, PRESSURE_PTX, "--fail-on-spill")
+    assert rc == 1 + 4 and "E  broken" in out  # spills and a failed file, both told
+
+
+def test_dsl_named_kernel_gets_a_readable_label(toolchains, capsys, tmp_path):
+    """An FA4-style entry name: the class and the configuration in the folder name."""
+    fa4_entry = ("kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__"
+                 "tensor0000o11101213_tensor0000o11101213_None_None__0")
+    folder = tmp_path / "sm_90a_bf16_hd128_causal"
+    folder.mkdir()
+    ptx = folder / "cutlass___call___flash_attncuteflash_fwd_sm90_None_00883.sm_90a.ptx"
+    ptx.write_text(WG_PTX.read_text().replace(WG_ENTRY, fa4_entry))
+    rc, out, _ = run(capsys, ptx, FIXTURES / "same_stem" / "a" / "kernel.sm_90a.ptx", "--format", "json")
+    labels = [r["kernel"] for r in json.loads(out)]
+    assert rc == 0 and labels == ["FlashAttentionForwardSm90 sm_90a bf16 hd128 causal", "wg_gemm_kernel sm_90a"]
 
 
 def test_ptxas_failure_carries_its_message(toolchains, tmp_path):
@@ -392,7 +496,7 @@ def test_ptxas_performance_warnings_are_shown(capsys, manifest, tmp_path):
     assert all(r["ptxas_warnings"] == [] for k, r in rows.items() if k != name)
     rc, out, _ = run(capsys, "--manifest", path)
     line = next(ln for ln in out.splitlines() if f" {name} " in ln)
-    assert rc == 0 and line.split()[-1] == "C7512"
+    assert rc == 0 and line.split()[-2] == "C7512"
     rc, out, _ = run(capsys, "--manifest", path, "--format", "csv")
     assert "C7512" in out and "[" not in out
     assert sr._cell(rows[name]).endswith(" w")
