@@ -467,7 +467,8 @@ def _build_entry(c: Call, q4, k4, v4, max_q, max_k) -> _Entry:
     e.dtype, e.device, e.varlen = c.dtype, c.device, c.varlen
     e.total_q, e.total_k, e.max_q, e.max_k = c.q[0][1], c.k[0][1], max_q, max_k
     e.lse_scratch = None
-    if plan.mode == _LAUNCH and math.prod(plan.lse_shape) * 4 <= LSE_SCRATCH_BYTES:
+    if (plan.mode == _LAUNCH and math.prod(plan.lse_shape) * 4 <= LSE_SCRATCH_BYTES
+            and not _capturing()):  # not from a graph's private pool
         e.lse_scratch = q4.new_empty(plan.lse_shape, dtype=torch.float32)
     views = {name: TensorView(tuple(t.shape), t.stride(), c.elem_bytes, t.data_ptr(), name)
              for name, t in (("q", q4), ("k", k4), ("v", v4))}
