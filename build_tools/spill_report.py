@@ -669,6 +669,9 @@ def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: s
 
 def _footnotes(rows: list[dict]) -> list[str]:
     notes = []
+    if any(r.get("source") == "shipped" and r.get("reg_peak") is None for r in rows):
+        notes.append("peak, roles, smem: ? = not read yet; --peaks reads them from the shipped cubins' SASS "
+                     "(cached after the first run)")
     for r in rows:
         for what in ("error", "note"):
             if r.get(what):
