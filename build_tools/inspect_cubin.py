@@ -11,8 +11,9 @@ tests/fixtures/ are real outputs of ptxas 12.9/13.0/13.1 and cuobjdump/nvdisasm 
       "arch":                "sm_90a" (from the ELF header),
       "elf_toolkit":         toolkit release stamped in the ELF header, e.g. "13.1" or "12.9",
       "ptxas_version":       full ptxas version from the .note.nv.tkinfo note, e.g. "13.1.115";
-                             None when the cubin has no note (ptxas 12.x and the CuTe DSL's
-                             embedded ptxas write none),
+                             None when the cubin has no note (ptxas 12.x writes none, nor
+                             does the CuTe DSL's embedded ptxas for sm_90a; its sm_100a
+                             cubins carry "12.9.83"),
       "ptxas_release":       "13.1" (same source),
       "ptxas_command_line":  ptxas arguments recorded in the note, e.g. "-v  -O 3 -arch sm_90a",
       "ptxas_diagnostics":   coded ptxas messages from the -v log, e.g.
@@ -183,7 +184,8 @@ def parse_tkinfo(text: str) -> dict[str, Any] | None:
     Returns ``{"tool": "ptxas", "release": "13.0", "version": "13.0.88",
     "branch": "Build cuda_13.0.r13.0/compiler.36424714_0", "command_line": "-v  -O 3 -arch sm_90a",
     "note_version": 2}``; ``note_version`` (and any other line) may be absent → None.
-    ptxas 13.x writes the note; ptxas 12.9 and the DSL's embedded ptxas do not.
+    ptxas 13.x writes the note; ptxas 12.9 does not, nor does the DSL's embedded ptxas (12.9)
+    for sm_90a (an old-format ELF), while its sm_100a cubins carry one ("V12.9.83").
     """
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if _TKINFO_SECTION_RE.match(ln)), None)
