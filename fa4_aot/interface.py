@@ -433,11 +433,11 @@ class _Entry:
     share the buffer are ordered on that stream."""
 
     __slots__ = ("call", "out_shape", "lse_shape", "dtype", "device", "mode", "launchers",
-                 "varlen", "total_q", "total_k", "max_q", "max_k", "lse_scratch")
+                 "varlen", "total_q", "total_k", "max_q", "max_k", "lse_scratch", "out_like_q")
 
     def run(self, q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse):
-        if out is None:
-            out = q.new_empty(self.out_shape)
+        if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
+            out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
         lse = self.lse_scratch
         if want_lse or lse is None or _capturing():
             lse = q.new_empty(self.lse_shape, dtype=_float32)
@@ -467,6 +467,9 @@ def _build_entry(c: Call, q4, k4, v4, max_q, max_k) -> _Entry:
     e.dtype, e.device, e.varlen = c.dtype, c.device, c.varlen
     e.total_q, e.total_k, e.max_q, e.max_k = c.q[0][1], c.k[0][1], max_q, max_k
     e.lse_scratch = None
+    # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
+    # contiguous tensor of the output's shape
+    e.out_like_q = q4.is_contiguous() and tuple(q4.shape[-3:]) == plan.out_shape[-3:]
     if (plan.mode == _LAUNCH and math.prod(plan.lse_shape) * 4 <= LSE_SCRATCH_BYTES
             and not _capturing()):  # not from a graph's private pool
         e.lse_scratch = q4.new_empty(plan.lse_shape, dtype=torch.float32)

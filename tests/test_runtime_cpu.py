@@ -600,3 +600,31 @@ def test_threads_interleaved_each_launch_packs_its_own_call(monkeypatch):
         t.join()
     assert not errors, errors[0]
     assert len(records) == 100
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "bhsd_view", "qkv_slice"])
+def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch, layout):
+    """The output is allocated contiguous whatever q's layout (empty_like only for a contiguous
+    q), and the launch carries its strides."""
+    from fa4_aot import interface
+    drv = fakecuda.install(monkeypatch)
+    b, s, h, d = 2, 100, 4, 64
+    if layout == "contiguous":
+        q = torch.randn(b, s, h, d, dtype=torch.bfloat16)
+    elif layout == "bhsd_view":
+        q = torch.randn(b, h, s, d, dtype=torch.bfloat16).transpose(1, 2)  # dense, permuted
+    else:
+        q = torch.randn(b, s, 3, h, d, dtype=torch.bfloat16)[:, :, 0]  # not dense
+    k = torch.randn(b, s, h, d, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):  # miss, then hit
+            out, lse = fa4_aot.attention(q, k, k, return_lse=True)
+            assert out.is_contiguous() and out.shape == q.shape
+            (entry,) = interface._tls.memo.values()
+            (kl,) = interface.derive_launches(entry.call).launches
+            assert (kl.values["o_stride_s"], kl.values["o_stride_h"], kl.values["o_stride_b"]) \
+                == (out.stride(1), out.stride(2), out.stride(0))
+            values = _expected_values(kl, out, lse, q, k, k)
+            _, ref, got = _reference_buffer(drv.launches[-1], kl.record, values,
+                                            {"q": q, "k": k, "v": k})
+            assert ref == got
