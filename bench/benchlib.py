@@ -572,9 +572,10 @@ def format_host_table(rows, providers, title=None) -> str:
     out += [hdr, "-" * len(hdr)]
     for r, line in zip(rows, cells):
         s = f"{r.case.label:<{label_w}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(line, widths))
+        plain = ("", "eager", "sdpa", "torch.ops.fa4_aot.fwd", "flash_attn_func")
         notes = "; ".join(f"{HOST_NAMES.get(p, p)}: {r.results[p].note or r.results[p].method}"
                           for p in providers if p in r.results
-                          and (r.results[p].note or r.results[p].method not in ("", "eager")))
+                          and (r.results[p].note or r.results[p].method not in plain))
         out.append((s + ("  " + notes if notes else "")).rstrip())
     return "\n".join(out)
 
