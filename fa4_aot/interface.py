@@ -418,6 +418,7 @@ def derive_launches(c: Call) -> CallPlan:
         "seqused_q": 0, "seqused_k": 0, "num_splits": 1, "acc_rows": 0,
         "q_stride_s": c.q[1][1], "q_stride_h": c.q[1][2],
         "q_stride_b": 0 if c.varlen else c.q[1][0],
+        "page_table": 0, "page_size": 0, "pages_per_seq": 0, "page_table_stride": 0,  # no paging
     }
     grid = (grid_size(launch["grid"], num_tiles, num_sms(c.device)), 1, 1)
     return CallPlan(out_shape, lse_shape, _LAUNCH, (KernelLaunch(name, rec, grid, values),))
