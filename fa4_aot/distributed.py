@@ -274,8 +274,9 @@ def plan_step(rank: int, src: int, world: int, c: int, seqlen: int | None = None
 # ------------------------------------------------------------------------------- attention
 def _fa4_attention(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), **kw):
     from . import attention
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                     window_size=tuple(window_size), **kw)
+    if tuple(window_size) != (-1, -1):  # else the default: attention's fast path
+        kw["window_size"] = tuple(window_size)
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, **kw)
 
 
 _SIDE_STREAMS = {}

@@ -149,6 +149,8 @@ PLAN_CASES = [  # s, world, causal, window
     (1, 2, False, (-1, -1)), (3, 4, True, (-1, -1)), (29, 4, True, (-1, -1)),
     (37, 3, True, (5, 0)), (37, 2, False, (4, 3)), (40, 2, False, (-1, 6)),
     (40, 4, False, (7, -1)), (23, 3, True, (0, 0)), (33, 2, False, (0, 0)), (30, 3, True, (12, -1)),
+    (16, 1, True, (-1, -1)), (7, 1, False, (-1, -1)), (9, 1, True, (2, 0)),
+    (21, 2, False, (-1, 0)),  # = causal, written as a window
 ]
 
 
