@@ -1,7 +1,8 @@
-"""Decode / short-query benchmark: fa4_aot (packed GQA + split-KV) vs upstream FA4 and cuDNN SDPA.
+"""Decode and paged-KV benchmark: fa4_aot (packed GQA + split-KV, paged KV) vs upstream FA4 and cuDNN.
 
-    python bench/bench_decode.py [--json docs/bench_h200.json] [--repeats 5] [--iters 20]
-                                 [--providers fa4_aot,fa4,cudnn] [--filter TEXT]
+    python bench/bench_decode.py [--set decode,paged] [--json docs/bench_h200.json]
+                                 [--repeats 5] [--iters 20] [--providers fa4_aot,fa4,cudnn]
+                                 [--filter TEXT]
 
 Cases (bf16, hd128, causal = bottom-right aligned, the decode convention): B=32 x 8k keys,
 B=8 x 32k keys, B=1 x 128k keys; seqlen_q 1 and 4; GQA 32 query / 8 KV heads and MHA 32/32.
@@ -11,7 +12,13 @@ achieved bandwidth kv_bytes / t (TB/s) and TFLOP/s (4 * H * D * visible pairs / 
 Timing: CUDA events around ``--iters`` back-to-back calls / iters, median over ``--repeats``,
 the repeats taken round the providers in turn (order reversed every other round). Outputs of
 every provider are checked against fa4_aot's (relative max difference, ``!`` when > 2e-2).
-``--json`` merges the ``decode`` group into the file (other groups are kept). Needs a GPU.
+``--json`` merges the ``decode`` / ``paged`` groups into the file (other groups are kept).
+
+``paged`` group: the B=32 x 8k, GQA 32/8 decode case with K/V in a shuffled page pool (page
+16 and 128; fa4_aot with ``page_table`` + ``seqused_k``, ``fa4_aot:contig`` = the same data as
+a contiguous cache, ``fa4`` = FA4's ``flash_attn_varlen_func(page_table=...)``) and a
+chunked-prefill mix (8 sequences of 2,048 cached tokens, page 64, each with a new chunk of 256
+query tokens packed with cu_seqlens_q, causal). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -100,6 +107,121 @@ def time_calls(fn, iters):
     return start.elapsed_time(end) / iters
 
 
+PAGED_CASES = [  # (label, batch, seqlen_q (per sequence), cached keys, heads, kv_heads, page)
+    ("decode B32 sk8k 32/8 page16", 32, 1, 8192, 32, 8, 16),
+    ("decode B32 sk8k 32/8 page128", 32, 1, 8192, 32, 8, 128),
+    ("chunked prefill 8x(2k+256) page64", 8, 256, 2048 + 256, 32, 8, 64),
+]
+
+
+def paged_inputs(b, sq, sk, h, hk, page):
+    """q packed as (b * sq, h, d) with cu_seqlens_q when sq > 1 (chunked prefill), else
+    (b, 1, h, d); k/v in a shuffled pool of pages; the same k/v contiguous (b, sk, hk, d)."""
+    import torch
+    d = HEAD_DIM
+    pages = -(-sk // page)
+    perm = torch.randperm(b * pages, device="cuda").to(torch.int32)
+    table = perm.view(b, pages).contiguous()
+    kc = torch.randn(b * pages, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    inv = torch.empty_like(perm)
+    inv[perm.long()] = torch.arange(b * pages, device="cuda", dtype=torch.int32)
+    k = kc[perm.long()].view(b, pages * page, hk, d)[:, :sk].contiguous()
+    v = vc[perm.long()].view(b, pages * page, hk, d)[:, :sk].contiguous()
+    used = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    if sq > 1:
+        q = torch.randn(b * sq, h, d, device="cuda", dtype=torch.bfloat16)
+        cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device="cuda")
+    else:
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        cu_q = None
+    return q, kc, vc, table, used, k, v, cu_q
+
+
+def paged_providers(names, sq, inp):
+    import fa4_aot
+    q, kc, vc, table, used, k, v, cu_q = inp
+    var = {} if cu_q is None else {"cu_seqlens_q": cu_q, "max_seqlen_q": sq}
+    out = {}
+    for p in names:
+        if p == "fa4_aot":
+            out[p] = lambda: fa4_aot.attention(q, kc, vc, causal=True, page_table=table,
+                                               seqused_k=used, **var)
+            if cu_q is None:  # the same data, contiguous
+                out["fa4_aot:contig"] = lambda: fa4_aot.attention(q, k, v, causal=True)
+            else:
+                cu_k = torch_arange_like(cu_q, k.shape[1])
+                kp, vp = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+                out["fa4_aot:contig"] = lambda: fa4_aot.attention(
+                    q, kp, vp, causal=True, cu_seqlens_k=cu_k, max_seqlen_k=k.shape[1], **var)
+        elif p == "fa4":
+            try:
+                from flash_attn.cute.interface import flash_attn_varlen_func as f
+            except Exception as e:  # noqa: BLE001
+                print(f"fa4 skipped: {type(e).__name__}: {e}")
+                continue
+            out[p] = lambda f=f: _first(f(q, kc, vc, page_table=table, seqused_k=used,
+                                          causal=True, **var))
+    return out
+
+
+def torch_arange_like(cu_q, step):
+    import torch
+    return torch.arange(0, (cu_q.numel() - 1) * step + 1, step, dtype=torch.int32,
+                        device=cu_q.device)
+
+
+def run_paged(a):
+    import torch
+    names = [p.strip() for p in a.providers.split(",") if p.strip() and p.strip() != "cudnn"]
+    rows, provs_seen = [], []
+    for (lab, b, sq, sk, h, hk, page) in PAGED_CASES:
+        if a.filter and a.filter not in lab:
+            continue
+        inp = paged_inputs(b, sq, sk, h, hk, page)
+        fns = paged_providers(names, sq, inp)
+        res, ref = {}, None
+        for p, f in list(fns.items()):
+            try:
+                out = f()
+                torch.cuda.synchronize()
+                ref = out.float() if ref is None else ref
+                res[p] = {"times": [], "max_diff": ((out.float() - ref).abs().max()
+                                                    / ref.abs().max()).item(), "note": ""}
+                time_calls(f, 3)
+            except Exception as e:  # noqa: BLE001
+                res[p] = {"times": [], "note": f"{type(e).__name__}: {str(e)[:120]}"}
+                fns.pop(p)
+        order = list(fns)
+        for r in range(a.repeats):
+            for p in (order if r % 2 == 0 else order[::-1]):
+                res[p]["times"].append(time_calls(fns[p], a.iters))
+        kvb = kv_bytes(b, sk, hk)
+        flops = 4 * h * HEAD_DIM * b * visible_pairs(sq, sk)
+        rows.append({"group": "paged", "label": lab,
+                     "case": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads": h,
+                              "kv_heads": hk, "head_dim": HEAD_DIM, "causal": True,
+                              "page_size": page, "dtype": "bf16", "kv_bytes": kvb,
+                              "flops": flops},
+                     "providers": _summarise(res, kvb, flops)})
+        provs_seen += [p for p in res if p not in provs_seen]
+        print_row(rows[-1], list(res))
+        del inp, fns
+        torch.cuda.empty_cache()
+    return rows, provs_seen
+
+
+def _summarise(res, kvb, flops):
+    out = {}
+    for p, r in res.items():
+        ms = statistics.median(r["times"]) if r["times"] else None
+        out[p] = {"ms": ms, "us": None if ms is None else round(ms * 1e3, 2),
+                  "tb_s": None if ms is None else round(kvb / (ms * 1e-3) / 1e12, 3),
+                  "tflops": None if ms is None else round(flops / (ms * 1e-3) / 1e12, 2),
+                  "max_diff": r.get("max_diff"), "note": r["note"]}
+    return out
+
+
 def run(a):
     import torch
     provs = providers_available([p.strip() for p in a.providers.split(",") if p.strip()])
@@ -133,13 +255,7 @@ def run(a):
                 res[p]["times"].append(time_calls(fns[p], a.iters))
         kvb = kv_bytes(b, sk, hk)
         flops = 4 * h * HEAD_DIM * b * visible_pairs(sq, sk)
-        prov_out = {}
-        for p, r in res.items():
-            ms = statistics.median(r["times"]) if r["times"] else None
-            prov_out[p] = {"ms": ms, "us": None if ms is None else round(ms * 1e3, 2),
-                           "tb_s": None if ms is None else round(kvb / (ms * 1e-3) / 1e12, 3),
-                           "tflops": None if ms is None else round(flops / (ms * 1e-3) / 1e12, 2),
-                           "max_diff": r.get("max_diff"), "note": r["note"]}
+        prov_out = _summarise(res, kvb, flops)
         rows.append({"group": "decode", "label": lab,
                      "case": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads": h,
                               "kv_heads": hk, "head_dim": HEAD_DIM, "causal": True,
@@ -160,22 +276,22 @@ def print_row(row, provs):
         else:
             bad = "!" if (r.get("max_diff") or 0) > 2e-2 else ""
             cells.append(f"{p}: {r['us']:8.1f} us {r['tb_s']:5.2f} TB/s{bad}")
-    print(f"{row['label']:<24} " + " | ".join(cells), flush=True)
+    print(f"{row['label']:<34} " + " | ".join(cells), flush=True)
 
 
 def table(rows, provs) -> str:
-    lines = [f"{'case':<24} {'KV GB':>6} " + " ".join(f"{p + ' us':>12} {'TB/s':>5}" for p in provs)
+    lines = [f"{'case':<34} {'KV GB':>6} " + " ".join(f"{p + ' us':>16} {'TB/s':>5}" for p in provs)
              + "  fa4_aot/fa4  %HBM"]
     for row in rows:
         pr = row["providers"]
         cells = []
         for p in provs:
             r = pr.get(p, {})
-            cells.append(f"{r.get('us') or float('nan'):12.1f} {r.get('tb_s') or float('nan'):5.2f}")
+            cells.append(f"{r.get('us') or float('nan'):16.1f} {r.get('tb_s') or float('nan'):5.2f}")
         a, f = pr.get("fa4_aot", {}).get("us"), pr.get("fa4", {}).get("us")
         ratio = f"{f / a:11.2f}x" if a and f else f"{'-':>12}"
         hbm = pr.get("fa4_aot", {}).get("tb_s")
-        lines.append(f"{row['label']:<24} {row['case']['kv_bytes'] / 1e9:6.2f} " + " ".join(cells)
+        lines.append(f"{row['label']:<34} {row['case']['kv_bytes'] / 1e9:6.2f} " + " ".join(cells)
                      + f"  {ratio} {100 * hbm / HBM_TBS if hbm else float('nan'):4.0f}%")
     return "\n".join(lines)
 
@@ -197,15 +313,19 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--filter")
+    ap.add_argument("--set", default="decode,paged")
     a = ap.parse_args(argv)
     import torch
-    rows, provs = run(a)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "iters": a.iters, "repeats": a.repeats, "hbm_tb_s": HBM_TBS}
-    if a.json:
-        merge_json(a.json, "decode", rows, provs, meta)
+    tables = []
+    for group in [g.strip() for g in a.set.split(",") if g.strip()]:
+        rows, provs = (run if group == "decode" else run_paged)(a)
+        if a.json:
+            merge_json(a.json, group, rows, provs, meta)
+        tables.append(table(rows, provs))
     print()
-    print(table(rows, provs))
+    print("\n\n".join(tables))
 
 
 if __name__ == "__main__":

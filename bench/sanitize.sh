@@ -2,7 +2,8 @@
 # compute-sanitizer (racecheck, synccheck, memcheck) on the work-stealing kernel, edge cases.
 #   bash bench/sanitize.sh [outdir]
 # Cases: fewer tiles than CTAs (1 tile), SM count - 1 / + 1 tiles (131 / 133 on an H200), and
-# ~1000 tiles; causal and not.
+# ~1000 tiles; causal and not; a decode call (packed GQA, split-KV + combine); and, under
+# memcheck only, bench/bad_inputs.py (malformed varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u
@@ -13,6 +14,7 @@ cases=(
   "1 131 128 128 1 steal"
   "1 133 128 64 0 steal"
   "4 16 2048 64 1 steal"
+  "8 32 1 128 1 auto 4096 8"
 )
 failed=0
 for tool in racecheck synccheck memcheck; do
@@ -32,6 +34,16 @@ for tool in racecheck synccheck memcheck; do
     echo "$tool [$c] rc=$rc $verdict :: $summary"
   done
 done
+log="$out/sanitize_memcheck_bad_inputs.log"
+compute-sanitizer --tool memcheck --kernel-name kns=fa4aot --print-limit 20 --report-api-errors no \
+  --error-exitcode 1 python3 bench/bad_inputs.py > "$log" 2>&1
+rc=$?
+verdict=ok
+if [ "$rc" -ne 0 ] || ! grep -q "ok " "$log" || grep -Eq 'ERROR SUMMARY: [1-9]' "$log"; then
+  verdict=FAILED
+  failed=$((failed + 1))
+fi
+echo "memcheck [bad inputs] rc=$rc $verdict :: $(grep -E 'ERROR SUMMARY' "$log" | tail -1)"
 if [ "$failed" -ne 0 ]; then
   echo "sanitize: $failed run(s) FAILED (logs in $out)"
   exit 1

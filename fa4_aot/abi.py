@@ -184,16 +184,17 @@ def spec_for(cfg) -> KernelSpec:
 LAUNCH_VALUES = {
     **{a.name: a.doc for s in SPECS.values() for a in s.args()},
     "q_rows": "rows of the q tensor the TMA descriptor covers (seqlen_q, or total_q for varlen)",
-    "k_rows": "rows of the k/v tensors (seqlen_k, or total_k for varlen)",
+    "k_rows": "rows of the k/v tensors (seqlen_k, total_k for varlen, page_size when paged)",
     "num_heads_k": "key/value heads",
-    "tma_batch": "batch extent of the TMA descriptors (1 for varlen: packed documents)",
+    "q_batch": "batch extent of q's TMA descriptor (1 for varlen: packed documents)",
+    "k_batch": "batch extent of the k/v TMA descriptors (1 for varlen; num_pages when paged)",
 }
 
 # Axis positions of the user tensors, layout (batch, seqlen, heads, head_dim).
 AXES = {"b": 0, "s": 1, "h": 2, "d": 3}
-_SHAPE_VALUES = {"q": ("q_rows", "num_heads", "tma_batch"),
-                 "k": ("k_rows", "num_heads_k", "tma_batch"),
-                 "v": ("k_rows", "num_heads_k", "tma_batch")}
+_SHAPE_VALUES = {"q": ("q_rows", "num_heads", "q_batch"),
+                 "k": ("k_rows", "num_heads_k", "k_batch"),
+                 "v": ("k_rows", "num_heads_k", "k_batch")}
 _SIZES = {"ptr": 8, "i64": 8, "i32": 4, "f32": 4}
 
 

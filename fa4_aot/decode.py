@@ -34,15 +34,22 @@ def choose_num_splits(tiles: int, n_blocks: int, num_sms: int) -> int:
     """Split count for ``tiles`` (m tile, KV head, batch) work items of ``n_blocks`` key blocks.
 
     No split while the tiles alone give the persistent grid 80 % of a wave or more (work
-    stealing balances the rest). Otherwise enough splits for about two work items per SM, so
-    that the stealing CTAs have something to balance, but never fewer than
+    stealing balances the rest). Otherwise the smallest split count whose work items fill the
+    SMs' waves within 5 % of the best candidate (items / (waves * SMs): the decode tiles are
+    equal, so a last wave half full costs half a wave), never fewer than
     :data:`MIN_BLOCKS_PER_SPLIT` key blocks per split and never more than :data:`MAX_SPLITS`.
     Examples on 132 SMs (hd128, 128-key blocks): B=32 x 8 KV heads, 8k keys -> 1;
-    B=8 x 8 KV heads, 32k keys -> 5; B=1 x 8 KV heads, 128k keys -> 33."""
+    B=8 x 8 KV heads, 32k keys -> 2; B=1 x 8 KV heads, 128k keys -> 16."""
     if tiles <= 0 or n_blocks <= 1 or tiles * 5 >= num_sms * 4:
         return 1
-    want = -(-2 * num_sms // tiles)
-    return max(1, min(want, n_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
+    top = max(1, min(n_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
+
+    def fill(s):
+        items = tiles * s
+        return items / (-(-items // num_sms) * num_sms)
+
+    best = max(fill(s) for s in range(1, top + 1))
+    return next(s for s in range(1, top + 1) if fill(s) >= 0.95 * best)
 
 
 def split_ranges(n_min: int, n_max: int, num_splits: int) -> list[tuple[int, int]]:

@@ -26,7 +26,9 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from . import runtime
+from .abi import KV_CHUNK
 from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS
+from .decode import DECODE_TILE_M, MAX_SPLITS, choose_num_splits, use_decode_kernels
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
 from .schedule import choose_section
@@ -54,7 +56,9 @@ MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
 LSE_SCRATCH_BYTES = 64 * 1024  # largest LSE an entry keeps for calls that do not return it
 
 # The per-call addresses, in the order _Entry.run hands them to the launchers.
-SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace")
+SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace", "seqused_q",
+         "seqused_k", "page_table", "oacc", "lseacc")
+_NO_EXTRA = (0, 0, 0, 0, 0)  # the last five slots of a call without seqused/paging/split
 
 if torch is not None:
     _float32 = torch.float32
@@ -132,9 +136,21 @@ def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
 
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
-                  trace: bool = False, local: bool = False, softcap: bool = False):
-    """(manifest name, record) of the kernel for this device and problem."""
+                  trace: bool = False, local: bool = False, softcap: bool = False,
+                  kind: str = "fwd", decode: bool = False):
+    """(manifest name, record) of the kernel for this device and problem. ``decode``: the
+    packed-GQA / split-KV / paged kernels (work stealing; softcap at run time); ``kind="combine"``:
+    the split-KV merge."""
     arch = _device_arch(device)
+    if kind == "combine" or decode:
+        if arch != "sm_90a":
+            raise ValueError(f"num_splits > 1, paged KV and the decode kernels exist on sm_90a "
+                             f"only; this device is {arch}")
+        if kind == "combine":
+            return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, False, "single",
+                                        kind="combine")
+        return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, "steal",
+                                    local=local, decode=True)
     sched = resolve_scheduler(scheduler, arch)
     if softcap and (arch != "sm_90a" or sched not in SOFTCAP_SCHEDULERS):
         raise ValueError(
@@ -145,11 +161,15 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
                                 trace=trace, local=local, softcap=softcap)
 
 
-def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0):
+def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0, paged=False):
     rank = 3 if varlen else 4
     layout = "(total, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, torch, rank, layout)
+        if paged and name != "q":  # the KV cache: (num_pages, page_size, heads_k, head_dim)
+            _check_tensor(name, t, torch, 4, "(num_pages, page_size, heads_k, head_dim) with "
+                          "page_table")
+        else:
+            _check_tensor(name, t, torch, rank, layout)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -158,7 +178,7 @@ def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0):
         raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
     h, d = q.shape[-2:]
     hk, dk = k.shape[-2:]
-    if not varlen and k.shape[0] != q.shape[0]:
+    if not varlen and not paged and k.shape[0] != q.shape[0]:
         raise ValueError(f"k batch {k.shape[0]} != q batch {q.shape[0]}")
     if dk != d:
         raise ValueError(f"k head_dim {dk} != q head_dim {d}")
@@ -198,6 +218,51 @@ def _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(m, int) or m < 0:
             raise ValueError(f"{name} must be a non-negative int with varlen, got {m!r}")
+
+
+def _check_index_tensor(name, t, device, shape, what):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor {what}, got "
+                        f"{getattr(t, 'dtype', type(t).__name__)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} (the kernel reads it), got {t.device}")
+    wrong = tuple(t.shape) != tuple(shape) if shape else t.dim() != 2
+    if wrong:
+        raise ValueError(f"{name} must have shape {tuple(shape) if shape else what}, got "
+                         f"{tuple(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+
+
+def _validate_extra(q, k, varlen, cu_q, cu_k, max_q, batch, num_splits, seqused_q, seqused_k,
+                    page_table, scheduler, trace):
+    """num_splits, seqused_q/k and page_table (FlashAttention names). Their values (lengths,
+    page indices) are not read on the host: the kernels clamp them (a page index outside the
+    cache loads zeros, a length only shortens)."""
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be None (automatic) or an int in [1, {MAX_SPLITS}], "
+                         f"got {num_splits!r}")
+    for name, t in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if t is not None:
+            _check_index_tensor(name, t, q.device, (batch,), "(batch,)")
+    if page_table is not None:
+        _check_index_tensor("page_table", page_table, q.device, None, "(batch, pages_per_seq)")
+        if page_table.shape[0] != batch or page_table.shape[1] < 1:
+            raise ValueError(f"page_table must have shape (batch, pages_per_seq) with batch = "
+                             f"{batch} and pages_per_seq >= 1, got {tuple(page_table.shape)}")
+        page_size = k.shape[1]
+        if page_size < KV_CHUNK or page_size % KV_CHUNK:
+            raise ValueError(f"the page size (k.shape[1] = {page_size}) must be a multiple of "
+                             f"{KV_CHUNK} with page_table")
+        if seqused_k is None:
+            raise ValueError("page_table needs seqused_k (the used KV length of each sequence)")
+        if cu_k is not None:
+            raise ValueError("page_table replaces cu_seqlens_k: pass seqused_k for the lengths")
+    paged_or_split = page_table is not None or (num_splits or 1) > 1
+    if paged_or_split and (trace or scheduler not in ("auto", "steal")):
+        raise ValueError("num_splits > 1 and page_table run on the work-stealing decode kernels: "
+                         f"scheduler must be 'auto' or 'steal', got {scheduler!r}")
 
 
 def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -338,6 +403,11 @@ class Call(NamedTuple):
     softcap: float
     scheduler: str  # as given (resolved per arch by select_kernel)
     trace: bool
+    num_splits: int | None = None  # split-KV: None = automatic
+    seqused_q: bool = False
+    seqused_k: bool = False
+    paged: bool = False  # k/v (num_pages, page_size, heads_k, d) through page_table
+    page_table: tuple = ()  # (shape, stride) of the page table when paged
 
 
 class KernelLaunch(NamedTuple):
@@ -352,6 +422,7 @@ class CallPlan(NamedTuple):
     lse_shape: tuple
     mode: int  # _LAUNCH, _NOTHING (no tile) or _ZERO_FILL (no key)
     launches: tuple  # KernelLaunch, run in order on the call's stream
+    acc_shapes: tuple = ()  # split-KV: fp32 (oacc, lseacc) shapes, the "oacc"/"lseacc" slots
 
 
 _LAUNCH, _NOTHING, _ZERO_FILL = 0, 1, 2
@@ -373,55 +444,95 @@ def derive_launches(c: Call) -> CallPlan:
     must then cover it). Values that change from call to call are the tensors' addresses only,
     given as :class:`fa4_aot.runtime.PerCall` slots (:data:`SLOTS`)."""
     b, sq, sk, h, hk, d = c.batch, c.seqlen_q, c.seqlen_k, c.heads, c.heads_k, c.head_dim
-    (tma_batch, q_rows, _, _), (_, k_rows, _, _) = c.q[0], c.k[0]
+    (q_batch, q_rows, _, _), (k_batch, k_rows, _, _) = c.q[0], c.k[0]
     out_shape = (q_rows, h, d) if c.varlen else (b, sq, h, d)
     lse_shape = (h, q_rows) if c.varlen else (b, h, sq)
     if 0 in c.q[0]:
         return CallPlan(out_shape, lse_shape, _NOTHING, ())
-    if 0 in c.k[0]:
+    if 0 in c.k[0] or (c.paged and 0 in c.page_table[0]):
         return CallPlan(out_shape, lse_shape, _ZERO_FILL, ())
-    # A window is its own kernel (causal windows are local with window_right = 0).
-    name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
-                              c.softcap > 0)
+    g = h // hk
+    decode = c.paged or use_decode_kernels(sq, g, c.num_splits, c.scheduler, c.trace)
+    if decode and _device_arch(c.device) != "sm_90a":
+        if c.paged or (c.num_splits or 1) > 1:
+            raise ValueError("num_splits > 1 and page_table need the sm_90a decode kernels")
+        decode = False
+    if decode:  # packed GQA (+ split-KV, + paged KV); softcap is a run-time value there
+        name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
+                                  decode=True)
+    else:  # a window is its own kernel (causal windows are local with window_right = 0)
+        name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
+                                  c.softcap > 0)
     launch = rec["launch"]
     if (c.varlen or c.local) and not any(p["name"] == "window_left" for p in launch["params"]):
         raise ValueError(f"varlen and window_size are not supported by the {rec['arch']} kernels")
-    num_m_blocks = -(-sq // launch["tile"]["m"])
-    num_tiles = num_m_blocks * h * b
+    tile_m, tile_n = launch["tile"]["m"], launch["tile"]["n"]
+    sms = num_sms(c.device)
+    if decode:
+        num_m_blocks = -(-sq * g // tile_m)
+        tiles = num_m_blocks * hk * b
+        splits = c.num_splits or choose_num_splits(tiles, -(-sk // tile_n), sms)
+        section = _section(hk, b * splits, sk, d, c.elem_bytes, 1)
+    else:
+        num_m_blocks = -(-sq // tile_m)
+        tiles = num_m_blocks * h * b
+        splits = 1
+        section = _section(h, b, sk, d, c.elem_bytes, g)
+    num_tiles = tiles * splits
     if num_tiles == 0:
         return CallPlan(out_shape, lse_shape, _NOTHING, ())
     o_stride = c.out[1]
     lse_stride = _contiguous_strides(lse_shape)
+    acc_rows = q_rows if c.varlen else b * sq
+    split = splits > 1
     unbounded = sq + sk  # a window side of -1: wider than any row can see
+    packed_k = c.varlen and not c.paged
+    strides = {"o_stride_s": o_stride[1], "o_stride_h": o_stride[2],
+               "o_stride_b": 0 if c.varlen else o_stride[0],
+               "lse_stride_h": lse_stride[0] if c.varlen else lse_stride[1],
+               "lse_stride_b": 0 if c.varlen else lse_stride[0]}
     values = {
         "seqlen_q": sq, "seqlen_k": sk, "num_heads": h, "num_heads_k": hk, "batch": b,
-        "q_rows": q_rows, "k_rows": k_rows, "tma_batch": tma_batch,
-        "qhead_per_kvhead": h // hk, "num_m_blocks": num_m_blocks,
-        "section": _section(h, b, sk, d, c.elem_bytes, h // hk),
-        "num_tiles": num_tiles,
-        **softmax_scalars(c.softmax_scale, c.softcap),
-        "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"),
-        "o_stride_s": o_stride[1], "o_stride_h": o_stride[2],
-        "o_stride_b": 0 if c.varlen else o_stride[0],
-        "lse_stride_h": lse_stride[0] if c.varlen else lse_stride[1],
-        "lse_stride_b": 0 if c.varlen else lse_stride[0],
+        "q_rows": q_rows, "k_rows": k_rows, "q_batch": q_batch, "k_batch": k_batch,
+        "qhead_per_kvhead": g, "num_m_blocks": num_m_blocks, "section": section,
+        "num_tiles": num_tiles, "num_splits": splits, "acc_rows": acc_rows,
+        **softmax_scalars(c.softmax_scale, c.softcap), **strides,
+        "q_ptr": PerCall("q"), "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"),
+        "oacc_ptr": PerCall("oacc") if split else 0,
+        "lseacc_ptr": PerCall("lseacc") if split else 0,
         "sched_ptr": (_counter(c.device, c.stream).data_ptr() if launch["needs_counter"]
                       else 0),
         "trace_ptr": PerCall("trace") if c.trace else 0,
         "cu_seqlens_q": PerCall("cu_seqlens_q") if c.varlen else 0,
-        "cu_seqlens_k": PerCall("cu_seqlens_k") if c.varlen else 0,
-        "varlen": int(c.varlen),
+        "cu_seqlens_k": PerCall("cu_seqlens_k") if packed_k else 0,
+        "seqused_q": PerCall("seqused_q") if c.seqused_q else 0,
+        "seqused_k": PerCall("seqused_k") if c.seqused_k else 0,
+        # seq_mode bits (kernels/common/seqlen.py): 1 packed q, 2 seqused_q, 4 seqused_k,
+        # 8 packed k/v
+        "seq_mode": (int(c.varlen) | 2 * c.seqused_q | 4 * c.seqused_k | 8 * packed_k),
         "window_left": c.window_left if c.window_left >= 0 else unbounded,
         "window_right": c.window_right if c.window_right >= 0 else unbounded,
-        # ABI 3 names (no split, no packed GQA, no seqused): the values of a plain launch.
-        "seq_mode": int(c.varlen), "q_ptr": PerCall("q"), "oacc_ptr": 0, "lseacc_ptr": 0,
-        "seqused_q": 0, "seqused_k": 0, "num_splits": 1, "acc_rows": 0,
         "q_stride_s": c.q[1][1], "q_stride_h": c.q[1][2],
         "q_stride_b": 0 if c.varlen else c.q[1][0],
-        "page_table": 0, "page_size": 0, "pages_per_seq": 0, "page_table_stride": 0,  # no paging
+        "page_table": PerCall("page_table") if c.paged else 0,
+        "page_size": k_rows if c.paged else 0,
+        "pages_per_seq": c.page_table[0][1] if c.paged else 0,
+        "page_table_stride": c.page_table[1][0] if c.paged else 0,
     }
-    grid = (grid_size(launch["grid"], num_tiles, num_sms(c.device)), 1, 1)
-    return CallPlan(out_shape, lse_shape, _LAUNCH, (KernelLaunch(name, rec, grid, values),))
+    grid = (grid_size(launch["grid"], num_tiles, sms), 1, 1)
+    launches = [KernelLaunch(name, rec, grid, values)]
+    acc_shapes = ()
+    if split:
+        cname, crec = select_kernel(c.device, c.dtype, d, False, kind="combine")
+        rows_per_cta = crec["launch"]["grid"]["rows_per_cta"]
+        cvalues = {"oacc_ptr": PerCall("oacc"), "lseacc_ptr": PerCall("lseacc"),
+                   "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"), **strides,
+                   "num_splits": splits, "acc_rows": acc_rows,
+                   "seqlen_q": q_rows if c.varlen else sq, "num_heads": h}
+        launches.append(KernelLaunch(cname, crec, (-(-acc_rows * h // rows_per_cta), 1, 1),
+                                     cvalues))
+        acc_shapes = ((splits, acc_rows, h, d), (splits, acc_rows, h))
+    return CallPlan(out_shape, lse_shape, _LAUNCH, tuple(launches), acc_shapes)
 
 
 class _Entry:
@@ -434,9 +545,10 @@ class _Entry:
     share the buffer are ordered on that stream."""
 
     __slots__ = ("call", "out_shape", "lse_shape", "dtype", "device", "mode", "launchers",
-                 "varlen", "total_q", "total_k", "max_q", "max_k", "lse_scratch", "out_like_q")
+                 "varlen", "total_q", "total_k", "max_q", "max_k", "lse_scratch", "out_like_q",
+                 "acc_shapes", "acc_scratch")
 
-    def run(self, q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse):
+    def run(self, q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse, ext=None):
         if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
             out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
         lse = self.lse_scratch
@@ -448,13 +560,23 @@ class _Entry:
                 lse.fill_(-math.inf)
             return out, lse
         if self.varlen:
-            if _check_varlen_always and not _capturing():
+            if _check_varlen_always and not _capturing() and cu_k is not None:
                 check_varlen(cu_q, cu_k, self.max_q, self.max_k, self.total_q, self.total_k)
             addrs = (qp, kp, vp, out.data_ptr(), lse.data_ptr(), cu_q.data_ptr(),
-                     cu_k.data_ptr(), 0 if trace is None else trace.data_ptr())
+                     0 if cu_k is None else cu_k.data_ptr(),
+                     0 if trace is None else trace.data_ptr())
         else:
             addrs = (qp, kp, vp, out.data_ptr(), lse.data_ptr(), 0, 0,
                      0 if trace is None else trace.data_ptr())
+        if ext is None and not self.acc_shapes:
+            addrs += _NO_EXTRA
+        else:
+            _, used_q, used_k, table = ext or (None, None, None, None)
+            acc = self.acc_scratch
+            if self.acc_shapes and (acc is None or _capturing()):
+                acc = [q.new_empty(shape, dtype=_float32) for shape in self.acc_shapes]
+            addrs += tuple(0 if t is None else t.data_ptr() for t in (used_q, used_k, table))
+            addrs += (acc[0].data_ptr(), acc[1].data_ptr()) if self.acc_shapes else (0, 0)
         for launcher in self.launchers:
             launcher(addrs)
         return out, lse
@@ -468,6 +590,11 @@ def _build_entry(c: Call, q4, k4, v4, max_q, max_k) -> _Entry:
     e.dtype, e.device, e.varlen = c.dtype, c.device, c.varlen
     e.total_q, e.total_k, e.max_q, e.max_k = c.q[0][1], c.k[0][1], max_q, max_k
     e.lse_scratch = None
+    # Split-KV partial buffers: kept by the entry (its launches are ordered on its stream), but
+    # allocated per call while a CUDA graph is being captured (from the graph's pool).
+    e.acc_shapes, e.acc_scratch = plan.acc_shapes, None
+    if plan.acc_shapes and not _capturing():
+        e.acc_scratch = [q4.new_empty(shape, dtype=torch.float32) for shape in plan.acc_shapes]
     # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
     # contiguous tensor of the output's shape
     e.out_like_q = q4.is_contiguous() and tuple(q4.shape[-3:]) == plan.out_shape[-3:]
@@ -490,8 +617,12 @@ def _build_entry(c: Call, q4, k4, v4, max_q, max_k) -> _Entry:
 
 
 # ------------------------------------------------------------------------------ the call path
+def _tkey(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
 def _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, softcap, out,
-         trace, device):
+         trace, device, ext=None):
     """What a launch depends on, less the addresses (the memo key). ``causal`` and ``softcap``
     carry their type, so that 1 and True (or 0 and False) are not the same call: a key is
     only ever stored after its call passed the full validation."""
@@ -499,15 +630,15 @@ def _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, so
             q.dtype, k.dtype, v.dtype, device, k.device, v.device, _raw_stream(device.index),
             causal, causal.__class__, scale, wl, wr, scheduler, softcap, softcap.__class__,
             None if cu_q is None and cu_k is None else (
-                cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device,
-                cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device,
-                max_q, max_q.__class__, max_k, max_k.__class__),
+                _tkey(cu_q), _tkey(cu_k), max_q, max_q.__class__, max_k, max_k.__class__),
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-            None if trace is None else (trace.shape, trace.dtype, trace.device))
+            None if trace is None else (trace.shape, trace.dtype, trace.device),
+            None if ext is None else (ext[0], ext[0].__class__, _tkey(ext[1]), _tkey(ext[2]),
+                                      _tkey(ext[3])))
 
 
 def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
-          trace, want_lse=True):
+          trace, want_lse=True, ext=None):
     """Eager call: memo lookup, per-call checks, launch. Arguments as ``attention``'s."""
     e = None
     try:
@@ -521,43 +652,65 @@ def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, s
                 if not local:
                     wl = wr = -1
             e = _tls.memo.get(_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
-                                   scheduler, softcap, out, trace, device))
+                                   scheduler, softcap, out, trace, device, ext))
     except Exception:  # noqa: BLE001 - whatever it is, _prepare names it
         e = None
     if e is None:
         e = _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler,
-                     softcap, out, trace)
+                     softcap, out, trace, ext)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if (qp | kp | vp) & 15 or (out is not None and out.data_ptr() & 15):
-        _validate(q, k, v, scale, causal, cu_q is not None, softcap)  # raises, naming it
+        _validate(q, k, v, scale, causal, cu_q is not None, softcap,
+                  ext is not None and ext[3] is not None)  # raises, naming it
         _check_out(out, q)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise _forward_only()
-    return e.run(q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse)
+    return e.run(q, qp, kp, vp, out, cu_q, cu_k, trace, want_lse, ext)
 
 
-def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
-             trace) -> _Entry:
-    """Memo miss: validate everything (in the order the error messages are documented and
-    tested), derive the launches, store the entry under the call's key."""
+def _validate_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler,
+                   softcap, out, trace, ext, device_type=None):
+    """Every check of a call's arguments, in the order the error messages are documented and
+    tested (a memo miss, and torch.compile's tracing). Returns (local, left, right)."""
+    num_splits, used_q, used_k, table = ext or (None, None, None, None)
+    paged = table is not None
     varlen = cu_q is not None or cu_k is not None
-    _validate(q, k, v, scale, causal, varlen, softcap)
-    if varlen:
+    _validate(q, k, v, scale, causal, varlen, softcap, paged)
+    if paged and cu_k is None and varlen:  # chunked prefill: packed q against paged k/v
+        _check_cu_seqlens("cu_seqlens_q", cu_q, q.device)
+        if not isinstance(max_q, int) or max_q < 0:
+            raise ValueError(f"max_seqlen_q must be a non-negative int with varlen, got {max_q!r}")
+    elif varlen:
         _validate_varlen(q, k, cu_q, cu_k, max_q, max_k)
     elif max_q is not None or max_k is not None:
         raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
+    batch = (cu_q.numel() - 1) if varlen else q.shape[0]
+    _validate_extra(q, k, varlen, cu_q, cu_k, max_q, batch, num_splits, used_q, used_k, table,
+                    scheduler, trace is not None)
     local, left, right = _window(window, causal)
     resolve_scheduler(scheduler)  # validate the name before any GPU work
-    if q.device.type != _DEVICE_TYPE:
+    if q.device.type != (device_type or _DEVICE_TYPE):
         raise ValueError(f"q, k, v must be CUDA tensors; got device {q.device}")
     _check_out(out, q)
     if trace is not None and not (isinstance(trace, torch.Tensor) and trace.device == q.device
                                   and trace.dtype == torch.int64):
         raise ValueError("_trace must be an int64 tensor on q's device")
+    return local, left, right
+
+
+def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler, softcap, out,
+             trace, ext=None) -> _Entry:
+    """Memo miss: validate everything, derive the launches, store the entry under the call's
+    key."""
+    local, left, right = _validate_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                                        window, scheduler, softcap, out, trace, ext)
+    num_splits, used_q, used_k, table = ext or (None, None, None, None)
+    paged = table is not None
+    varlen = cu_q is not None or cu_k is not None
     wl, wr = (left, right) if local else (-1, -1)
     device = q.device
     key = _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, softcap,
-               out, trace, device)
+               out, trace, device, ext)
     memo = _tls.memo
     e = memo.get(key)
     if e is not None:
@@ -568,6 +721,9 @@ def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler
     else:
         q4, k4, v4 = q, k, v
         b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    if paged:  # k/v stay (num_pages, page_size, heads_k, d); keys per sequence <= the table's
+        k4, v4 = k, v
+        sk = table.shape[1] * k.shape[1]
     h, d = q.shape[-2:]
     if out is not None:
         o4 = out.unsqueeze(0) if varlen else out
@@ -580,7 +736,9 @@ def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler
              seqlen_q=sq, seqlen_k=sk, heads=h, heads_k=k.shape[-2], head_dim=d,
              causal=causal and not local, local=local, window_left=wl, window_right=wr,
              softmax_scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
-             softcap=float(softcap), scheduler=scheduler, trace=trace is not None)
+             softcap=float(softcap), scheduler=scheduler, trace=trace is not None,
+             num_splits=num_splits, seqused_q=used_q is not None, seqused_k=used_k is not None,
+             paged=paged, page_table=(tuple(table.shape), table.stride()) if paged else ())
     e = _build_entry(c, q4, k4, v4, max_q, max_k)
     if len(memo) >= MEMO_SIZE:
         del memo[next(iter(memo))]
@@ -591,7 +749,8 @@ def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler
 def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
               return_lse: bool = False, scheduler: str = "auto", *, window_size=_NO_WINDOW,
               softcap: float = 0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, out=None, _trace=None):
+              max_seqlen_k=None, seqused_q=None, seqused_k=None, page_table=None,
+              num_splits=None, out=None, _trace=None):
     """Attention forward (FlashAttention argument names and conventions). Forward only.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_k, head_dim), heads a
@@ -608,49 +767,61 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     capped scores). Rows that see no key give
     output 0 and LSE -inf. ``out``: optional preallocated output (q's shape, dtype, device,
     16-byte aligned strides). Raises ``NotImplementedError`` when grad mode is on and q, k or v
-    requires grad (there is no backward)."""
+    requires grad (there is no backward).
+
+    Decode and serving (FlashAttention names): ``seqused_q`` / ``seqused_k`` (int32 (batch,) on
+    the device) cut each batch entry to its used query rows / keys; ``page_table`` (int32
+    (batch, pages_per_seq)) reads k/v as a paged cache (num_pages, page_size, heads_k, d),
+    page_size a multiple of 16, with ``seqused_k`` the used length of each sequence (q may be
+    packed with cu_seqlens_q: chunked prefill). ``num_splits``: split-KV count (None =
+    automatic, :func:`fa4_aot.decode.choose_num_splits`; 1 = no split). Calls whose
+    seqlen_q * (heads // heads_k) <= 128, paged calls and calls with num_splits > 1 run on
+    the decode kernels (packed GQA + split-KV, sm_90a)."""
+    ext = (None if num_splits is None and seqused_q is None and seqused_k is None
+           and page_table is None else (num_splits, seqused_q, seqused_k, page_table))
     if _is_compiling():
         o, lse = _traced(q, k, v, causal, softmax_scale, scheduler, window_size, softcap,
-                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, _trace)
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, _trace,
+                         ext)
     else:
         o, lse = _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                       softmax_scale, window_size, scheduler, softcap, out, _trace, return_lse)
+                       softmax_scale, window_size, scheduler, softcap, out, _trace, return_lse,
+                       ext)
     return (o, lse) if return_lse else o
 
 
 def _traced(q, k, v, causal, softmax_scale, scheduler, window_size, softcap, cu_seqlens_q,
-            cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, trace):
+            cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, trace, ext=None):
     """Under torch.compile: validate (traced once per guard set) and call the
     ``torch.ops.fa4_aot.fwd`` op (fa4_aot/ops.py), which dynamo can trace."""
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    _validate(q, k, v, softmax_scale, causal, varlen, softcap)
-    if varlen:
-        _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    elif max_seqlen_q is not None or max_seqlen_k is not None:
-        raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
-    local, left, right = _window(window_size, causal)
-    resolve_scheduler(scheduler)
-    if q.device.type != "cuda":
-        raise ValueError(f"q, k, v must be CUDA tensors; got device {q.device}")
-    _check_out(out, q)
+    local, left, right = _validate_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+        window_size, scheduler, softcap, out, trace, ext, "cuda")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise _forward_only()
     if out is None and trace is None:
+        num_splits, used_q, used_k, table = ext or (None, None, None, None)
         return torch.ops.fa4_aot.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0,
                                      max_seqlen_k or 0, causal, softmax_scale,
                                      left if local else -1, right if local else -1, scheduler,
-                                     float(softcap))
+                                     float(softcap), num_splits or 0, used_q, used_k, table)
     return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                 softmax_scale, window_size, scheduler, softcap, out, trace)
+                 softmax_scale, window_size, scheduler, softcap, out, trace, True, ext)
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-            softmax_scale, window_left, window_right, scheduler, softcap=0.0):
+            softmax_scale, window_left, window_right, scheduler, softcap=0.0, num_splits=0,
+            seqused_q=None, seqused_k=None, page_table=None):
     """``torch.ops.fa4_aot.fwd``'s implementation: the op's arguments (max_seqlen 0 without
-    varlen, the window as two ints, -1 = unbounded) to :func:`_call`. Returns (out, lse)."""
+    varlen, the window as two ints, -1 = unbounded, num_splits 0 = automatic) to
+    :func:`_call`. Returns (out, lse)."""
     if cu_seqlens_q is None and cu_seqlens_k is None:
         max_seqlen_q = max_seqlen_k = None
+    elif cu_seqlens_k is None:
+        max_seqlen_k = None
     window = (_NO_WINDOW if window_left < 0 and window_right < 0
               else (window_left, window_right))
+    ext = (None if not num_splits and seqused_q is None and seqused_k is None
+           and page_table is None else (num_splits or None, seqused_q, seqused_k, page_table))
     return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                 softmax_scale, window, scheduler, softcap, None, None)
+                 softmax_scale, window, scheduler, softcap, None, None, True, ext)

@@ -15,8 +15,9 @@ from .interface import forward
 
 SCHEMA = ("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
           "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float? softmax_scale, "
-          "SymInt window_left, SymInt window_right, str scheduler, float softcap) "
-          "-> (Tensor, Tensor)")
+          "SymInt window_left, SymInt window_right, str scheduler, float softcap, "
+          "int num_splits=0, Tensor? seqused_q=None, Tensor? seqused_k=None, "
+          "Tensor? page_table=None) -> (Tensor, Tensor)")
 
 _lib = torch.library.Library("fa4_aot", "DEF")  # kept alive: the registrations live with it
 _lib.define(SCHEMA)
@@ -28,7 +29,8 @@ _lib.impl("fwd", torch.library.fallthrough_kernel, "Autograd")
 
 @torch.library.register_fake("fa4_aot::fwd", lib=_lib)
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-      window_left, window_right, scheduler, softcap):
+      window_left, window_right, scheduler, softcap, num_splits=0, seqused_q=None,
+      seqused_k=None, page_table=None):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         from .interface import _forward_only
         raise _forward_only()

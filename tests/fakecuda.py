@@ -114,8 +114,8 @@ def fwd_params(dtype="bf16", head_dim=128, tile_m=128, tile_n=128):
 
 
 class FakeManifest:
-    """Every (arch, dtype, head_dim, mask, scheduler) exists; records use the ABI's sm_90a
-    parameter list. ``found`` lists the lookups."""
+    """Every configuration of fa4_aot.configs exists; records are what the build writes
+    (``abi.launch_record``). ``found`` lists the lookups."""
 
     def __init__(self):
         self.found = []
@@ -123,24 +123,15 @@ class FakeManifest:
 
     def find(self, arch, dtype, head_dim, causal, scheduler, trace=False, local=False,
              softcap=False, **kw):
+        from fa4_aot import abi
+        from fa4_aot.configs import KernelConfig
         self.found.append((arch, dtype, head_dim, causal, scheduler, trace, local, softcap))
-        name = f"fake_{arch}_{dtype}_hd{head_dim}_{causal}_{local}_{scheduler}_{trace}_{softcap}"
+        cfg = KernelConfig(arch, dtype, head_dim, causal, scheduler, trace=trace, local=local,
+                           softcap=softcap, **kw)
+        name = "fake_" + cfg.name
         if name not in self.records:
-            tile_n = {192: 112, 256: 80}.get(head_dim, 128)
-            try:  # the parameter list of the shipped kernel (what the runtime must fill)
-                from fa4_aot.manifest import load_manifest
-                params = load_manifest().find(arch, dtype, head_dim, causal, scheduler,
-                                              trace=trace, local=local,
-                                              softcap=softcap)[1]["launch"]["params"]
-            except Exception:  # noqa: BLE001 - no artifacts: the ABI's own list
-                params = fwd_params(dtype, head_dim, 128, tile_n)
-            self.records[name] = {"arch": arch, "entry": name, "launch": {
-                "params": params, "block": [384, 1, 1],
-                "cluster": [1, 1, 1], "dynamic_smem_bytes": 200000,
-                "grid": {"rule": "tiles" if scheduler == "single" else "persistent",
-                         "ctas_per_sm": 1},
-                "tile": {"m": 128, "n": tile_n}, "needs_counter": scheduler == "steal",
-                "trace": trace}}
+            self.records[name] = {"arch": arch, "entry": name, "config": cfg.to_dict(),
+                                  "launch": abi.launch_record(cfg, 200000)}
         return name, self.records[name]
 
     def cubin_bytes(self, name):

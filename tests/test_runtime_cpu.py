@@ -28,8 +28,8 @@ def test_pack_scalars_and_shapes_follow_the_record():
     packed = pack_params(params, vals, {})
     assert [len(b) for b in packed] == [p["size"] for p in params]
     by_name = dict(zip((p["name"] for p in params), packed))
-    assert struct.unpack("<3i", by_name["q_shape"]) == (vals["q_rows"], vals["num_heads"], vals["tma_batch"])
-    assert struct.unpack("<3i", by_name["k_shape"]) == (vals["k_rows"], vals["num_heads_k"], vals["tma_batch"])
+    assert struct.unpack("<3i", by_name["q_shape"]) == (vals["q_rows"], vals["num_heads"], vals["q_batch"])
+    assert struct.unpack("<3i", by_name["k_shape"]) == (vals["k_rows"], vals["num_heads_k"], vals["k_batch"])
     assert struct.unpack("<i", by_name["window_left"]) == (vals["window_left"],)
     assert struct.unpack("<Q", by_name["cu_seqlens_q"]) == (vals["cu_seqlens_q"],)
     assert struct.unpack("<Q", by_name["o_ptr"]) == (vals["o_ptr"],)
@@ -522,9 +522,12 @@ def test_varlen_launch_values(monkeypatch):
     (entry,) = interface._tls.memo.values()
     (kl,) = interface.derive_launches(entry.call).launches
     vals = kl.values
-    assert (vals["batch"], vals["seqlen_q"], vals["q_rows"], vals["tma_batch"]) == (2, 15, 20, 1)
+    assert (vals["batch"], vals["seqlen_q"], vals["q_rows"], vals["q_batch"]) == (2, 15, 20, 1)
     assert (vals["o_stride_b"], vals["lse_stride_b"], vals["lse_stride_h"]) == (0, 0, 20)
-    assert vals["num_tiles"] == 1 * 4 * 2 and vals["qhead_per_kvhead"] == 2
+    # 15 query rows x 2 heads per KV head = 30 packed rows: the decode kernels (packed GQA), one
+    # 64-row m-block per (KV head, document): 1 * 2 KV heads * 2 documents, no split.
+    assert vals["num_tiles"] == 1 * 2 * 2 and vals["qhead_per_kvhead"] == 2
+    assert vals["num_splits"] == 1 and vals["seq_mode"] == 1 | 8
     values = _expected_values(kl, out, lse, q, k, v, cu, cu)
     params, ref, got = _reference_buffer(drv.launches[-1], kl.record, values,
                                          {"q": q.unsqueeze(0), "k": k.unsqueeze(0),

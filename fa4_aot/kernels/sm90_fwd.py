@@ -416,14 +416,17 @@ class FlashFwdSm90:
                 if cutlass.const_expr(self.decode):
                     for i in cutlass.range(n_max - n_min, unroll=1):
                         n_block = n_max - 1 - i
+                        # Paged KV: lane c looks up the page of chunk c (one round trip per
+                        # block, before the wait for a free stage), K and V reuse it.
+                        page = self.block_pages(n_block, t, ptrs, strides, shape)
                         pipe_k.producer_acquire(kv_state)
                         self.load_kv_chunks(tma_k, tK, sK, False, n_block, kv_state.index,
                                             pipe_k.producer_get_barrier(kv_state), t, kv_head,
-                                            (ptrs, strides, shape))
+                                            (page, shape))
                         pipe_v.producer_acquire(kv_state)
                         self.load_kv_chunks(tma_v, tV, sV, True, n_block, kv_state.index,
                                             pipe_v.producer_get_barrier(kv_state), t, kv_head,
-                                            (ptrs, strides, shape))
+                                            (page, shape))
                         kv_state.advance()
                 else:
                     gK = cute.local_tile(
@@ -458,25 +461,36 @@ class FlashFwdSm90:
             ptrs.sched_ptr)
 
     @cute.jit
+    def block_pages(self, n_block, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape):
+        """Paged KV: lane ``c`` of the producer warp gets the page of chunk ``c`` of key block
+        ``n_block``, ``page_table[batch, key // page_size]`` (the column clamped to the
+        table's width; a page index outside the cache makes TMA fill zeros, never read
+        outside k/v). Contiguous K/V: ``k_b``."""
+        page = t.k_b
+        if shape.page_size != 0:
+            c = cutlass.min(cute.arch.lane_idx(), Int32(self.tile_n // KV_CHUNK - 1))
+            col = cutlass.min((n_block * self.tile_n + c * KV_CHUNK) // shape.page_size,
+                              shape.pages_per_seq - 1)
+            page = cute.make_tensor(
+                ptrs.page_table + (Int64(t.batch) * strides.page_table_stride + Int64(col)),
+                cute.make_layout(1))[0]
+        return page
+
+    @cute.jit
     def load_kv_chunks(self, tma, tX, sX, is_v: cutlass.Constexpr, n_block, stage, bar,
                        t: _Tile, kv_head, groups):
         """Decode kernels: key block ``n_block`` of K (or V) in KV_CHUNK-key TMA loads, each
         from its own place: contiguous rows ``k_start + key`` of batch entry ``k_b``, or with
-        paged KV (``page_size != 0``) row ``key % page_size`` of page
-        ``page_table[batch, key // page_size]`` (the table column clamped to its width; a page
-        index outside the cache makes TMA fill zeros, never read outside k/v)."""
-        ptrs, strides, shape = groups
+        paged KV (``page_size != 0``) row ``key % page_size`` of the page that lane ``c`` of
+        ``pages`` holds for chunk ``c`` (:meth:`block_pages`)."""
+        pages, shape = groups
         for c in cutlass.range_constexpr(self.tile_n // KV_CHUNK):
             key = n_block * self.tile_n + c * KV_CHUNK
             row = t.k_start + key
-            page = t.k_b
+            page = pages
             if shape.page_size != 0:
-                col = key // shape.page_size
-                row = key - col * shape.page_size
-                col = cutlass.min(col, shape.pages_per_seq - 1)
-                page = cute.make_tensor(
-                    ptrs.page_table + (Int64(t.batch) * strides.page_table_stride + Int64(col)),
-                    cute.make_layout(1))[0]
+                row = key - (key // shape.page_size) * shape.page_size
+                page = cute.arch.shuffle_sync(pages, c)
             if cutlass.const_expr(is_v):
                 g = cute.local_tile(cute.domain_offset((0, row), tX[None, None, kv_head, page]),
                                     (self.hd, KV_CHUNK), (0, 0))

@@ -1,0 +1,140 @@
+"""Decode path on the CPU: the split heuristic, the routing rule, and the launch values of the
+decode kernels (packed GQA, split-KV + combine, paged KV, seqused) through the whole host path
+with a fake driver (tests/fakecuda.py)."""
+
+import pytest
+
+from fa4_aot.decode import (MIN_BLOCKS_PER_SPLIT, choose_num_splits, split_ranges,
+                            use_decode_kernels)
+
+torch = pytest.importorskip("torch")
+import fa4_aot  # noqa: E402
+import fakecuda  # noqa: E402
+
+
+@pytest.mark.parametrize("tiles,n_blocks,sms,want", [
+    (256, 64, 132, 1),    # B=32 x 8 KV heads, 8k keys: 97 % of two waves already
+    (64, 256, 132, 2),    # B=8 x 8 KV heads, 32k keys: 128 items, one full wave
+    (8, 1024, 132, 16),   # B=1 x 8 KV heads, 128k keys
+    (1024, 64, 132, 1),
+    (4, 3, 132, 1),       # too few key blocks to split
+])
+def test_split_heuristic_examples(tiles, n_blocks, sms, want):
+    assert choose_num_splits(tiles, n_blocks, sms) == want
+
+
+@pytest.mark.parametrize("tiles", [1, 3, 7, 20, 64, 100])
+@pytest.mark.parametrize("n_blocks", [1, 5, 64, 1000])
+def test_split_heuristic_bounds(tiles, n_blocks):
+    s = choose_num_splits(tiles, n_blocks, 132)
+    assert 1 <= s <= max(1, n_blocks // MIN_BLOCKS_PER_SPLIT)
+
+
+@pytest.mark.parametrize("n_min,n_max,splits", [(0, 64, 5), (3, 10, 64), (0, 1, 1), (7, 7, 3)])
+def test_split_ranges_cover_every_block_once(n_min, n_max, splits):
+    ranges = split_ranges(n_min, n_max, splits)
+    assert len(ranges) == splits
+    covered = [b for lo, hi in ranges for b in range(lo, hi)]
+    assert covered == list(range(n_min, n_max))
+
+
+def test_routing_rule():
+    assert use_decode_kernels(1, 4, None, "auto")
+    assert use_decode_kernels(16, 8, None, "steal")
+    assert not use_decode_kernels(17, 8, None, "auto")          # 136 packed rows
+    assert use_decode_kernels(4096, 1, 4, "auto")               # asked for splits
+    assert not use_decode_kernels(1, 4, None, "single")
+    assert not use_decode_kernels(1, 4, None, "auto", trace=True)
+
+
+def _launches(drv):
+    return [l for l in drv.launches]
+
+
+def test_decode_call_packs_gqa_and_splits(monkeypatch):
+    from fa4_aot import interface
+    drv = fakecuda.install(monkeypatch)
+    b, sk, h, hk, d = 2, 4096, 8, 2, 128
+    q = torch.randn(b, 1, h, d, dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, dtype=torch.bfloat16)
+    with torch.no_grad():
+        fa4_aot.attention(q, k, k, causal=True, num_splits=4)
+    (entry,) = interface._tls.memo.values()
+    plan = interface.derive_launches(entry.call)
+    main, comb = plan.launches
+    assert main.record["launch"]["pack_gqa"] and main.record["launch"]["tile"]["m"] == 64
+    v = main.values
+    # one 64-row tile of 1 x 4 packed rows per (KV head, batch), times 4 splits
+    assert (v["num_m_blocks"], v["num_tiles"], v["num_splits"]) == (1, 1 * hk * b * 4, 4)
+    assert v["acc_rows"] == b * 1 and v["seq_mode"] == 0
+    assert plan.acc_shapes == ((4, b, h, d), (4, b, h))
+    assert comb.name.startswith("fake_combine") and comb.grid == (-(-b * h // 4), 1, 1)
+    assert comb.values["num_splits"] == 4 and comb.values["num_heads"] == h
+    assert len(drv.launches) == 2
+    # both launches see the same partial buffers: the main kernel writes, the combine reads
+    assert entry.acc_scratch is not None
+
+
+def test_paged_call_values(monkeypatch):
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    b, h, hk, d, ps, pages = 3, 8, 2, 128, 32, 5
+    q = torch.randn(b, 2, h, d, dtype=torch.bfloat16)
+    cache = torch.randn(20, ps, hk, d, dtype=torch.bfloat16)
+    table = torch.zeros(b, pages, dtype=torch.int32)
+    used = torch.tensor([1, 40, 160], dtype=torch.int32)
+    with torch.no_grad():
+        fa4_aot.attention(q, cache, cache, causal=True, page_table=table, seqused_k=used,
+                          num_splits=1)
+    (entry,) = interface._tls.memo.values()
+    (main,) = interface.derive_launches(entry.call).launches
+    v = main.values
+    assert (v["page_size"], v["pages_per_seq"], v["page_table_stride"]) == (ps, pages, pages)
+    assert v["seqlen_k"] == pages * ps and v["k_rows"] == ps and v["k_batch"] == 20
+    assert v["seq_mode"] == 4  # seqused_k; k/v not packed
+    k_box = next(p for p in main.record["launch"]["params"] if p["name"] == "tma_k")["box"]
+    assert k_box[1] == 16  # the decode kernels load K/V in 16-key chunks
+
+
+def test_chunked_prefill_varlen_q_with_paged_kv(monkeypatch):
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    q = torch.randn(9, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(8, 16, 1, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    with torch.no_grad():
+        fa4_aot.attention(q, cache, cache, causal=True, cu_seqlens_q=cu, max_seqlen_q=5,
+                          page_table=torch.zeros(2, 3, dtype=torch.int32),
+                          seqused_k=torch.tensor([20, 48], dtype=torch.int32))
+    (entry,) = interface._tls.memo.values()
+    v = interface.derive_launches(entry.call).launches[0].values
+    assert v["seq_mode"] == 1 | 4 and v["acc_rows"] == 9 and v["cu_seqlens_k"] == 0
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    ({"num_splits": 0}, ValueError, "num_splits"),
+    ({"num_splits": 1000}, ValueError, "num_splits"),
+    ({"num_splits": 2.0}, ValueError, "num_splits"),
+    ({"page_table": "table"}, TypeError, "page_table"),
+    ({"page_table": torch.zeros(2, 3, dtype=torch.int64)}, TypeError, "page_table"),
+    ({"page_table": torch.zeros(3, 3, dtype=torch.int32)}, ValueError, "page_table"),
+    ({"page_table": torch.zeros(2, 3, dtype=torch.int32)}, ValueError, "seqused_k"),
+    ({"seqused_k": torch.zeros(3, dtype=torch.int32)}, ValueError, "seqused_k"),
+    ({"seqused_q": torch.zeros(2, dtype=torch.float32)}, TypeError, "seqused_q"),
+    ({"num_splits": 2, "scheduler": "single"}, ValueError, "scheduler"),
+])
+def test_decode_argument_errors(monkeypatch, kw, exc, match):
+    fakecuda.install(monkeypatch)
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(exc, match=match), torch.no_grad():
+        fa4_aot.attention(q, k, k, **kw)
+
+
+def test_page_size_must_be_a_multiple_of_16(monkeypatch):
+    fakecuda.install(monkeypatch)
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(4, 8, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 16"), torch.no_grad():
+        fa4_aot.attention(q, cache, cache, page_table=torch.zeros(2, 2, dtype=torch.int32),
+                          seqused_k=torch.ones(2, dtype=torch.int32))
