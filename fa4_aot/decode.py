@@ -14,8 +14,9 @@ DECODE_TILE_M = 64
 MAX_PACKED_ROWS = 128
 MAX_SPLITS = 128
 # Split only while each split keeps at least this many key blocks: a split costs a tile
-# start-up (Q load, pipeline fill) and the combine reads its partial result again.
-MIN_BLOCKS_PER_SPLIT = 4
+# start-up (Q load, pipeline fill), the combine reads its partial result again, and the
+# combine is a second launch (~6 us of host time: small calls are host-bound).
+MIN_BLOCKS_PER_SPLIT = 8
 
 
 def use_decode_kernels(seqlen_q: int, group: int, num_splits: int | None,

@@ -414,11 +414,15 @@ class FlashFwdSm90:
                 if not valid:
                     n_max = n_min
                 if cutlass.const_expr(self.decode):
+                    # Paged KV: lane c holds the page and the row of chunk c of a block, looked
+                    # up one block ahead (the table read's latency stays off the issue path);
+                    # K and V share them.
+                    page_nxt, row_nxt = self.block_pages(n_max - 1, t, ptrs, strides, shape)
                     for i in cutlass.range(n_max - n_min, unroll=1):
                         n_block = n_max - 1 - i
-                        # Paged KV: lane c looks up the page of chunk c (one round trip per
-                        # block, before the wait for a free stage), K and V reuse it.
-                        page = self.block_pages(n_block, t, ptrs, strides, shape)
+                        page = (page_nxt, row_nxt)
+                        page_nxt, row_nxt = self.block_pages(n_block - 1, t, ptrs, strides,
+                                                             shape)
                         pipe_k.producer_acquire(kv_state)
                         self.load_kv_chunks(tma_k, tK, sK, False, n_block, kv_state.index,
                                             pipe_k.producer_get_barrier(kv_state), t, kv_head,
@@ -462,34 +466,36 @@ class FlashFwdSm90:
 
     @cute.jit
     def block_pages(self, n_block, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape):
-        """Paged KV: lane ``c`` of the producer warp gets the page of chunk ``c`` of key block
-        ``n_block``, ``page_table[batch, key // page_size]`` (the column clamped to the
-        table's width; a page index outside the cache makes TMA fill zeros, never read
-        outside k/v). Contiguous K/V: ``k_b``."""
+        """Paged KV: lane ``c`` of the producer warp gets (page, row in the page) of chunk ``c``
+        of key block ``n_block``: ``page_table[batch, key // page_size]``, ``key % page_size``
+        (the column clamped into the table; a page index outside the cache makes TMA fill
+        zeros, never read outside k/v). Contiguous K/V: (``k_b``, 0)."""
         page = t.k_b
+        row = Int32(0)
         if shape.page_size != 0:
             c = cutlass.min(cute.arch.lane_idx(), Int32(self.tile_n // KV_CHUNK - 1))
-            col = cutlass.min((n_block * self.tile_n + c * KV_CHUNK) // shape.page_size,
-                              shape.pages_per_seq - 1)
+            key = cutlass.max(n_block * self.tile_n + c * KV_CHUNK, Int32(0))
+            col = key // shape.page_size
+            row = key - col * shape.page_size
+            col = cutlass.min(col, shape.pages_per_seq - 1)
             page = cute.make_tensor(
                 ptrs.page_table + (Int64(t.batch) * strides.page_table_stride + Int64(col)),
                 cute.make_layout(1))[0]
-        return page
+        return page, row
 
     @cute.jit
     def load_kv_chunks(self, tma, tX, sX, is_v: cutlass.Constexpr, n_block, stage, bar,
                        t: _Tile, kv_head, groups):
         """Decode kernels: key block ``n_block`` of K (or V) in KV_CHUNK-key TMA loads, each
         from its own place: contiguous rows ``k_start + key`` of batch entry ``k_b``, or with
-        paged KV (``page_size != 0``) row ``key % page_size`` of the page that lane ``c`` of
-        ``pages`` holds for chunk ``c`` (:meth:`block_pages`)."""
-        pages, shape = groups
+        paged KV (``page_size != 0``) the (page, row) that lane ``c`` of ``pages`` holds for
+        chunk ``c`` (:meth:`block_pages`)."""
+        (pages, rows), shape = groups
         for c in cutlass.range_constexpr(self.tile_n // KV_CHUNK):
-            key = n_block * self.tile_n + c * KV_CHUNK
-            row = t.k_start + key
+            row = t.k_start + n_block * self.tile_n + c * KV_CHUNK
             page = pages
             if shape.page_size != 0:
-                row = key - (key // shape.page_size) * shape.page_size
+                row = cute.arch.shuffle_sync(rows, c)
                 page = cute.arch.shuffle_sync(pages, c)
             if cutlass.const_expr(is_v):
                 g = cute.local_tile(cute.domain_offset((0, row), tX[None, None, kv_head, page]),
