@@ -16,6 +16,7 @@ causal is right = 0.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import inspect
 import io
@@ -479,12 +480,17 @@ def write_json(path, rows, providers, meta=None, baseline=BASELINE):
 
 
 def rows_from_json(doc: dict) -> tuple[list[Row], list[str]]:
-    """Inverse of :func:`json_doc` (re-plot or re-tabulate a saved run without a GPU)."""
+    """Inverse of :func:`json_doc` (re-plot or re-tabulate a saved run without a GPU). Rows of
+    other benchmarks in the same file (``bench_decode.py``: groups ``decode`` and ``paged``,
+    whose cases have other fields) are left out."""
     rows = []
+    fields = {f.name for f in dataclasses.fields(Case)}
     for d in doc["rows"]:
         c = dict(d["case"])
         c.pop("tokens", None)
         c.pop("flops", None)
+        if set(c) - fields:
+            continue
         c["window"] = tuple(c["window"]) if c.get("window") else None
         c["docs"] = tuple(c["docs"]) if c.get("docs") else None
         row = Row(Case(**c))
