@@ -55,7 +55,6 @@ def visible_pairs(sq, sk):  # causal, bottom-right: row i sees sk - sq + i + 1 k
 
 
 def providers_available(names):
-    import torch  # noqa: F401
     out = {}
     for p in names:
         if p == "fa4_aot":
@@ -180,22 +179,7 @@ def run_paged(a):
             continue
         inp = paged_inputs(b, sq, sk, h, hk, page)
         fns = paged_providers(names, sq, inp)
-        res, ref = {}, None
-        for p, f in list(fns.items()):
-            try:
-                out = f()
-                torch.cuda.synchronize()
-                ref = out.float() if ref is None else ref
-                res[p] = {"times": [], "max_diff": ((out.float() - ref).abs().max()
-                                                    / ref.abs().max()).item(), "note": ""}
-                time_calls(f, 3)
-            except Exception as e:  # noqa: BLE001
-                res[p] = {"times": [], "note": f"{type(e).__name__}: {str(e)[:120]}"}
-                fns.pop(p)
-        order = list(fns)
-        for r in range(a.repeats):
-            for p in (order if r % 2 == 0 else order[::-1]):
-                res[p]["times"].append(time_calls(fns[p], a.iters))
+        res = measure(fns, a.repeats, a.iters)
         kvb = kv_bytes(b, sk, hk)
         flops = 4 * h * HEAD_DIM * b * visible_pairs(sq, sk)
         rows.append({"group": "paged", "label": lab,
@@ -209,6 +193,32 @@ def run_paged(a):
         del inp, fns
         torch.cuda.empty_cache()
     return rows, provs_seen
+
+
+def measure(fns, repeats, iters):
+    """{provider: callable} -> {provider: {"times", "max_diff", "note"}}: every provider's
+    output checked against the first one's (relative max difference), two warm-ups, then the
+    repeats taken round the providers in turn (order reversed every other round). A provider
+    that raises is recorded with its error and not timed."""
+    import torch
+    res, ok, ref = {}, {}, None
+    for p, f in fns.items():
+        try:
+            out = f()
+            torch.cuda.synchronize()
+            ref = out.float() if ref is None else ref
+            res[p] = {"times": [], "note": "",
+                      "max_diff": ((out.float() - ref).abs().max() / ref.abs().max()).item()}
+            for _ in range(2):
+                time_calls(f, 3)
+            ok[p] = f
+        except Exception as e:  # noqa: BLE001 - a provider that cannot run this case
+            res[p] = {"times": [], "note": f"{type(e).__name__}: {str(e)[:120]}"}
+    order = list(ok)
+    for r in range(repeats):
+        for p in (order if r % 2 == 0 else order[::-1]):
+            res[p]["times"].append(time_calls(ok[p], iters))
+    return res
 
 
 def _summarise(res, kvb, flops):
@@ -234,25 +244,8 @@ def run(a):
         q = torch.randn(b, sq, h, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hk, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        res, ref = {}, None
-        fns = {}
-        for p, f in provs.items():
-            try:
-                out = f(q, k, v)
-                torch.cuda.synchronize()
-                fns[p] = (lambda f=f: f(q, k, v))
-                if ref is None:
-                    ref = out.float()
-                diff = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                res[p] = {"times": [], "max_diff": diff, "note": ""}
-                for _ in range(2):
-                    time_calls(fns[p], 3)
-            except Exception as e:  # noqa: BLE001 - a provider that cannot run this case
-                res[p] = {"times": [], "note": f"{type(e).__name__}: {str(e)[:120]}"}
-        order = list(fns)
-        for r in range(a.repeats):
-            for p in (order if r % 2 == 0 else order[::-1]):
-                res[p]["times"].append(time_calls(fns[p], a.iters))
+        res = measure({p: (lambda f=f, q=q, k=k, v=v: f(q, k, v)) for p, f in provs.items()},
+                      a.repeats, a.iters)
         kvb = kv_bytes(b, sk, hk)
         flops = 4 * h * HEAD_DIM * b * visible_pairs(sq, sk)
         prov_out = _summarise(res, kvb, flops)

@@ -1,0 +1,49 @@
+"""bench/bench_decode.py's pure parts on the CPU: measurement loop (fake timer), summary,
+table, merge into the bench file (other groups kept)."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_decode as bd  # noqa: E402
+
+
+def test_measure_checks_times_and_records_failures(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bd, "time_calls", lambda f, iters: (f(), 0.25)[1])
+
+    def boom():
+        raise RuntimeError("nope")
+
+    res = bd.measure({"a": lambda: torch.ones(4), "b": lambda: torch.ones(4) * 1.01,
+                      "c": boom}, repeats=3, iters=2)
+    assert len(res["a"]["times"]) == 3 and res["a"]["max_diff"] == 0
+    assert res["b"]["max_diff"] == pytest.approx(0.01, rel=1e-3)
+    assert res["c"]["times"] == [] and res["c"]["note"] == "RuntimeError: nope"
+    s = bd._summarise(res, kvb=10**9, flops=10**12)
+    assert s["a"]["us"] == 250.0 and s["a"]["tb_s"] == 4.0 and s["c"]["ms"] is None
+
+
+def test_cases_and_bytes():
+    assert len(bd.CASES) == 12
+    assert bd.kv_bytes(32, 8192, 8) == 2 * 32 * 8192 * 8 * 128 * 2  # 1.07 GB
+    assert bd.visible_pairs(1, 100) == 100 and bd.visible_pairs(4, 10) == 7 + 8 + 9 + 10
+
+
+def test_merge_keeps_other_groups(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"rows": [{"group": "anchors", "label": "x"},
+                                         {"group": "decode", "label": "old"}],
+                                "providers": ["fa4_aot:auto"]}))
+    row = {"group": "decode", "label": "new", "case": {"kv_bytes": 10**9},
+           "providers": {"fa4_aot": {"us": 1.0, "tb_s": 4.0}, "fa4": {"us": 2.0, "tb_s": 2.0}}}
+    bd.merge_json(path, "decode", [row], ["fa4_aot", "fa4"], {"device": "synthetic"})
+    doc = json.loads(path.read_text())
+    assert [r["label"] for r in doc["rows"]] == ["x", "new"]
+    assert doc["providers"] == ["fa4_aot:auto", "fa4_aot", "fa4"]
+    assert "2.00x" in bd.table([row], ["fa4_aot", "fa4"])
