@@ -464,8 +464,10 @@ def derive_launches(c: Call) -> CallPlan:
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
                                   c.softcap > 0)
     launch = rec["launch"]
-    if (c.varlen or c.local) and not any(p["name"] == "window_left" for p in launch["params"]):
-        raise ValueError(f"varlen and window_size are not supported by the {rec['arch']} kernels")
+    if ((c.varlen or c.local or c.seqused_q or c.seqused_k)
+            and not any(p["name"] == "seq_mode" for p in launch["params"])):
+        raise ValueError(f"varlen, window_size and seqused_q/k are not supported by the "
+                         f"{rec['arch']} kernels")
     tile_m, tile_n = launch["tile"]["m"], launch["tile"]["n"]
     sms = num_sms(c.device)
     if decode:

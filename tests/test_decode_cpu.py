@@ -138,3 +138,11 @@ def test_page_size_must_be_a_multiple_of_16(monkeypatch):
     with pytest.raises(ValueError, match="multiple of 16"), torch.no_grad():
         fa4_aot.attention(q, cache, cache, page_table=torch.zeros(2, 2, dtype=torch.int32),
                           seqused_k=torch.ones(2, dtype=torch.int32))
+
+
+def test_seqused_refused_on_kernels_without_it(monkeypatch):
+    # sm_100a kernels take neither varlen nor seqused: refused by name, never ignored.
+    fakecuda.install(monkeypatch, arch="sm_100a")
+    q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="seqused"), torch.no_grad():
+        fa4_aot.attention(q, q, q, seqused_k=torch.ones(2, dtype=torch.int32))
