@@ -28,7 +28,7 @@ from typing import NamedTuple
 from . import runtime
 from .abi import KV_CHUNK
 from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS
-from .decode import DECODE_TILE_M, MAX_SPLITS, choose_num_splits, use_decode_kernels
+from .decode import MAX_SPLITS, choose_num_splits, use_decode_kernels
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
 from .schedule import choose_section
@@ -155,7 +155,7 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
     if softcap and (arch != "sm_90a" or sched not in SOFTCAP_SCHEDULERS):
         raise ValueError(
             f"softcap is not supported on {arch}" if arch != "sm_90a" else
-            f"softcap kernels exist for scheduler 'auto', "
+            "softcap kernels exist for scheduler 'auto', "
             + ", ".join(repr(s) for s in SOFTCAP_SCHEDULERS) + f"; got scheduler={scheduler!r}")
     return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, sched,
                                 trace=trace, local=local, softcap=softcap)
@@ -234,8 +234,8 @@ def _check_index_tensor(name, t, device, shape, what):
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
 
 
-def _validate_extra(q, k, varlen, cu_q, cu_k, max_q, batch, num_splits, seqused_q, seqused_k,
-                    page_table, scheduler, trace):
+def _validate_extra(q, k, cu_k, batch, num_splits, seqused_q, seqused_k, page_table, scheduler,
+                    trace):
     """num_splits, seqused_q/k and page_table (FlashAttention names). Their values (lengths,
     page indices) are not read on the host: the kernels clamp them (a page index outside the
     cache loads zeros, a length only shortens)."""
@@ -687,8 +687,8 @@ def _validate_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, sch
     elif max_q is not None or max_k is not None:
         raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
     batch = (cu_q.numel() - 1) if varlen else q.shape[0]
-    _validate_extra(q, k, varlen, cu_q, cu_k, max_q, batch, num_splits, used_q, used_k, table,
-                    scheduler, trace is not None)
+    _validate_extra(q, k, cu_k, batch, num_splits, used_q, used_k, table, scheduler,
+                    trace is not None)
     local, left, right = _window(window, causal)
     resolve_scheduler(scheduler)  # validate the name before any GPU work
     if q.device.type != (device_type or _DEVICE_TYPE):
