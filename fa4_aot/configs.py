@@ -86,6 +86,10 @@ class KernelConfig:
     # Decode / short-query kernel (sm_90a): packed GQA + split-KV, DECODE_TILES. Masks and
     # softcap are runtime values there (one kernel per dtype x head_dim x mask).
     decode: bool = False
+    # Decode kernel with the 128-row prefill tile (two MMA warpgroups, ping-pong): for calls that
+    # must take the decode kernels (paged KV, forced splits) with many packed rows, such as
+    # chunked prefill over a paged cache.
+    wide: bool = False
     # "fwd": the attention forward; "combine": the split-KV merge (fp32 partials -> output).
     kind: str = "fwd"
 
@@ -106,14 +110,17 @@ class KernelConfig:
             raise ValueError(f"kind must be 'fwd' or 'combine', got {self.kind!r}")
         if (self.decode or self.kind == "combine") and self.arch != "sm_90a":
             raise ValueError("decode and combine kernels exist on sm_90a only")
+        if self.wide and not self.decode:
+            raise ValueError("wide is a variant of the decode kernels")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
 
     @property
     def tile(self) -> Tile:
-        """The tile of (arch, head_dim) (decode kernels: of head_dim in DECODE_TILES)."""
-        return (DECODE_TILES if self.decode else TILES[self.arch])[self.head_dim]
+        """The tile of (arch, head_dim) (decode kernels: DECODE_TILES, or the prefill tile when
+        ``wide``)."""
+        return (DECODE_TILES if self.decode and not self.wide else TILES[self.arch])[self.head_dim]
 
     @property
     def threads(self) -> int:
@@ -140,7 +147,7 @@ class KernelConfig:
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
-                self.trace, self.softcap, self.decode, self.kind)
+                self.trace, self.softcap, self.decode, self.wide, self.kind)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -171,7 +178,9 @@ def _space() -> Iterable[KernelConfig]:
     for dtype in DTYPES:
         for hd in DECODE_TILES:
             for causal, local in ((False, False), (True, False), (False, True)):
-                yield KernelConfig("sm_90a", dtype, hd, causal, "steal", local=local, decode=True)
+                for wide in (False, True):
+                    yield KernelConfig("sm_90a", dtype, hd, causal, "steal", local=local,
+                                       decode=True, wide=wide)
             yield KernelConfig("sm_90a", dtype, hd, False, "single", kind="combine")
     # Schedule-trace variants (record per tile: SM, CTA, start, end), not in the fast path.
     for sched in SCHEDULERS_BY_ARCH["sm_90a"]:

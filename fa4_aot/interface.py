@@ -28,7 +28,7 @@ from typing import NamedTuple
 from . import runtime
 from .abi import KV_CHUNK
 from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS
-from .decode import MAX_SPLITS, choose_num_splits, use_decode_kernels
+from .decode import MAX_PACKED_ROWS, MAX_SPLITS, choose_num_splits, use_decode_kernels
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
 from .schedule import choose_section
@@ -137,10 +137,10 @@ def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
                   trace: bool = False, local: bool = False, softcap: bool = False,
-                  kind: str = "fwd", decode: bool = False):
+                  kind: str = "fwd", decode: bool = False, wide: bool = False):
     """(manifest name, record) of the kernel for this device and problem. ``decode``: the
-    packed-GQA / split-KV / paged kernels (work stealing; softcap at run time); ``kind="combine"``:
-    the split-KV merge."""
+    packed-GQA / split-KV / paged kernels (work stealing; softcap at run time; ``wide``: their
+    128-row form for many packed rows); ``kind="combine"``: the split-KV merge."""
     arch = _device_arch(device)
     if kind == "combine" or decode:
         if arch != "sm_90a":
@@ -150,7 +150,7 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
             return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, False, "single",
                                         kind="combine")
         return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, "steal",
-                                    local=local, decode=True)
+                                    local=local, decode=True, wide=wide)
     sched = resolve_scheduler(scheduler, arch)
     if softcap and (arch != "sm_90a" or sched not in SOFTCAP_SCHEDULERS):
         raise ValueError(
@@ -458,8 +458,10 @@ def derive_launches(c: Call) -> CallPlan:
             raise ValueError("num_splits > 1 and page_table need the sm_90a decode kernels")
         decode = False
     if decode:  # packed GQA (+ split-KV, + paged KV); softcap is a run-time value there
+        # Many packed rows (chunked prefill over pages, forced splits on long queries): the
+        # 128-row form, two MMA warpgroups taking turns on the tensor cores.
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
-                                  decode=True)
+                                  decode=True, wide=sq * g > MAX_PACKED_ROWS)
     else:  # a window is its own kernel (causal windows are local with window_right = 0)
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
                                   c.softcap > 0)

@@ -146,3 +146,23 @@ def test_seqused_refused_on_kernels_without_it(monkeypatch):
     q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="seqused"), torch.no_grad():
         fa4_aot.attention(q, q, q, seqused_k=torch.ones(2, dtype=torch.int32))
+
+
+def test_many_packed_rows_take_the_wide_decode_kernels(monkeypatch):
+    # Chunked prefill over a paged cache with 200 x 4 packed rows: the 128-row decode form
+    # (two MMA warpgroups); a decode-sized call stays on the 64-row form.
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    cache = torch.randn(8, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.zeros(1, 8, dtype=torch.int32)
+    used = torch.tensor([128], dtype=torch.int32)
+    for sq, m in ((200, 128), (4, 64)):
+        interface.clear_memo()
+        q = torch.randn(1, sq, 8, 64, dtype=torch.bfloat16)
+        with torch.no_grad():
+            fa4_aot.attention(q, cache, cache, causal=True, page_table=table, seqused_k=used)
+        (entry,) = interface._tls.memo.values()
+        (main,) = interface.derive_launches(entry.call).launches
+        assert main.record["launch"]["tile"]["m"] == m and main.record["config"]["decode"]
+        assert main.record["config"]["wide"] == (m == 128)
+        assert main.values["num_m_blocks"] == -(-sq * 4 // m)

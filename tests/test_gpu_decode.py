@@ -149,3 +149,10 @@ def test_packed_gqa_prefill_rows_bitwise_equal_to_unpacked():
     packed = fa4_aot.attention(q, k, v, causal=True, num_splits=1)
     plain = fa4_aot.attention(q, k, v, causal=True, scheduler="single")
     assert torch.equal(packed, plain)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_forced_splits_on_long_queries_use_the_wide_decode_kernels(num_splits):
+    q, k, v = _inputs(2, 300, 3000, 8, 4, 128)  # 600 packed rows: the 128-row decode form
+    out, lse = fa4_aot.attention(q, k, v, causal=True, return_lse=True, num_splits=num_splits)
+    _check(out, lse, q, k, v, causal=True)

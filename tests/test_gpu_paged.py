@@ -78,10 +78,12 @@ def test_paged_split_kv(num_splits):
     _check_rows(out, lse, q, k, v, used, causal=True)
 
 
-def test_chunked_prefill_varlen_q_against_paged_kv():
+@pytest.mark.parametrize("lens_q,lens_k", [([5, 1, 16, 3], [37, 1, 300, 3]),
+                                           ([200, 37, 129], [1000, 37, 700])])  # wide kernels
+def test_chunked_prefill_varlen_q_against_paged_kv(lens_q, lens_k):
     # Packed queries (a chunk of new tokens per sequence) against each sequence's cache, causal
     # bottom-right: the chunk is the last len_q tokens of the len_k keys.
-    lens_q, lens_k, h, hk, d, ps = [5, 1, 16, 3], [37, 1, 300, 3], 16, 4, 128, 32
+    h, hk, d, ps = 16, 4, 128, 32
     b = len(lens_q)
     k = torch.randn(b, max(lens_k), hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)

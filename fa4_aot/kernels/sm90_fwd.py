@@ -176,7 +176,7 @@ class FlashFwdSm90:
         assert self.threads == 128 * (1 + self.num_mma_wg)
         # The decode kernels' producer also looks up pages; with one MMA warpgroup (256
         # threads) it can have more registers.
-        self.producer_regs = 56 if self.decode else 24
+        self.producer_regs = 56 if self.decode and self.num_mma_wg == 1 else 24
         self.mma_regs = 240
         self.binfo = BlockInfo(self.tile_m, self.tile_n, self.causal, self.local)
         self.intra_wg_overlap = cfg.tile.overlap
