@@ -123,8 +123,6 @@ def paged_inputs(b, sq, sk, h, hk, page):
     table = perm.view(b, pages).contiguous()
     kc = torch.randn(b * pages, page, hk, d, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
-    inv = torch.empty_like(perm)
-    inv[perm.long()] = torch.arange(b * pages, device="cuda", dtype=torch.int32)
     k = kc[perm.long()].view(b, pages * page, hk, d)[:, :sk].contiguous()
     v = vc[perm.long()].view(b, pages * page, hk, d)[:, :sk].contiguous()
     used = torch.full((b,), sk, dtype=torch.int32, device="cuda")

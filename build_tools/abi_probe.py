@@ -3,9 +3,9 @@
 The kernels take the spec's groups as NamedTuples generated from ``fa4_aot/abi.py``; the DSL
 flattens them into PTX parameters. :func:`probe_ptx` compiles a probe kernel that takes the
 same groups (after one output pointer) and stores argument ``i`` of the spec at byte
-``8 * i`` of its output. :func:`check_order` reads the PTX back: for every argument it finds
-the ``ld.param`` that feeds the store at that argument's offset and compares the parameter's
-position with the position the spec (or a modified copy of it) claims. Swapping two
+``8 * i`` of its output. :func:`stored_param_at` reads the PTX back: for every store, the
+``ld.param`` that feeds it; :func:`check_order` compares each argument's PTX position with the
+position the spec (or a modified copy of it) claims. Swapping two
 parameters of the same size in a copy of the spec makes the check fail
 (tests/test_abi_order.py), which the size/alignment check alone cannot see.
 
@@ -91,20 +91,14 @@ def stored_param_at(ptx: str) -> dict:
     return out
 
 
-def check_order(spec, ptx: str, claimed=None) -> list:
-    """Differences between where ``claimed`` (default: ``spec``) says each argument is and where
-    the probe compiled from ``spec`` put it. Argument ``i`` of ``spec`` was stored at byte 8 i;
-    PTX parameter 0 is the probe's output pointer."""
+def check_order(spec, stored_at: dict, claimed=None) -> list:
+    """The arguments whose PTX position differs from where ``claimed`` (default: ``spec``) says
+    they are, given ``stored_at`` = :func:`stored_param_at` of the probe compiled from ``spec``
+    (argument ``i`` of ``spec`` was stored at byte 8 i; PTX parameter 0 is the probe's output
+    pointer). ``claimed`` must name the same arguments as ``spec``."""
     claimed = claimed or spec
     real = [a.name for a in spec.args()]
     said = [a.name for a in claimed.args()]
     if sorted(real) != sorted(said):
-        return [f"{claimed.family}: arguments differ from the compiled spec's"]
-    at = stored_param_at(ptx)
-    problems = []
-    for i, name in enumerate(real):
-        got = at.get(8 * i)
-        want = 1 + said.index(name)
-        if got != want:
-            problems.append(f"{spec.family}.{name}: PTX parameter {got}, the spec says {want}")
-    return problems
+        raise ValueError(f"{claimed.family}: arguments differ from the compiled spec's")
+    return [name for i, name in enumerate(real) if stored_at.get(8 * i) != 1 + said.index(name)]

@@ -265,18 +265,6 @@ def check_signature(spec: KernelSpec, call) -> list[str]:
     return []
 
 
-def check_group_fields(spec: KernelSpec, types: dict) -> list[str]:
-    """Differences between the spec's groups and NamedTuple types a kernel reads."""
-    problems = []
-    for g in spec.groups:
-        t = types.get(g.name)
-        want = [a.name for a in g.args]
-        if t is None or list(t._fields) != want:
-            problems.append(f"{spec.family}.{g.name}: kernel fields "
-                            f"{list(getattr(t, '_fields', []))}, the spec says {want}")
-    return problems
-
-
 def check_against_ptx(params: list[dict], ptx_params: list[dict]) -> list[str]:
     """Differences between an ABI parameter list and the parsed PTX ``.entry`` params."""
     problems = []

@@ -207,17 +207,23 @@ def _check_cu_seqlens(name, cu, device=None):
                          f"int32), got stride {cu.stride(0)}")
 
 
-def _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _validate_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     paged=False):
     """Types, devices and lengths of the varlen arguments: what the launch depends on. The
-    offsets' values are not read here (that costs a device sync): :func:`check_varlen`."""
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        _check_cu_seqlens(name, cu, q.device)
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+    offsets' values are not read here (that costs a device sync): :func:`check_varlen`.
+    ``paged`` without ``cu_seqlens_k``: only q is packed (chunked prefill over a paged cache;
+    the keys come from the page table)."""
+    sides = [("q", cu_seqlens_q, max_seqlen_q)]
+    if not (paged and cu_seqlens_k is None):
+        sides.append(("k", cu_seqlens_k, max_seqlen_k))
+    for s, cu, _ in sides:
+        _check_cu_seqlens(f"cu_seqlens_{s}", cu, q.device)
+    if len(sides) == 2 and cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); "
                          f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+    for s, _, m in sides:
         if not isinstance(m, int) or m < 0:
-            raise ValueError(f"{name} must be a non-negative int with varlen, got {m!r}")
+            raise ValueError(f"max_seqlen_{s} must be a non-negative int with varlen, got {m!r}")
 
 
 def _check_index_tensor(name, t, device, shape, what):
@@ -680,12 +686,8 @@ def _validate_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, sch
     paged = table is not None
     varlen = cu_q is not None or cu_k is not None
     _validate(q, k, v, scale, causal, varlen, softcap, paged)
-    if paged and cu_k is None and varlen:  # chunked prefill: packed q against paged k/v
-        _check_cu_seqlens("cu_seqlens_q", cu_q, q.device)
-        if not isinstance(max_q, int) or max_q < 0:
-            raise ValueError(f"max_seqlen_q must be a non-negative int with varlen, got {max_q!r}")
-    elif varlen:
-        _validate_varlen(q, k, cu_q, cu_k, max_q, max_k)
+    if varlen:
+        _validate_varlen(q, k, cu_q, cu_k, max_q, max_k, paged)
     elif max_q is not None or max_k is not None:
         raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
     batch = (cu_q.numel() - 1) if varlen else q.shape[0]

@@ -27,3 +27,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "reproducible" in item.keywords:
             item.add_marker(skip)
+
+
+def run_in_threads(worker, n):
+    """Run ``worker(i)`` for i in range(n), each in its own thread, all started before any is
+    joined; re-raise the first exception a worker raised (an assert failing inside a thread
+    would otherwise only be printed)."""
+    import threading
+    errors = []
+
+    def wrapped(i):
+        try:
+            worker(i)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread below
+            errors.append(e)
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

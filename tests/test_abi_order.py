@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the build venv: make test)")
 
+from build_tools.abi_probe import check_order  # noqa: E402
 from fa4_aot import abi  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,18 +38,12 @@ def probe_maps():
     return out
 
 
-def _check(spec, at, claimed):
-    real = [a.name for a in spec.args()]
-    said = [a.name for a in claimed.args()]
-    return [n for i, n in enumerate(real) if at.get(8 * i) != 1 + said.index(n)]
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_spec_order_is_ptx_order(probe_maps, family):
     spec = abi.SPECS[family]
     at = probe_maps[family]
     assert len(at) == len(list(spec.args()))
-    assert _check(spec, at, spec) == []
+    assert check_order(spec, at) == []
 
 
 def _swap(spec, group, i, j):
@@ -70,7 +65,7 @@ def test_swapped_same_size_parameters_fail_the_check(probe_maps):
     bad_params = abi.ptx_params(bad, "bf16", 128, 128, 128)
     assert abi.check_against_ptx(bad_params, good_params) == []
     # ... the order check does.
-    assert sorted(_check(spec, probe_maps[spec.family], bad)) == ["seqlen_k", "seqlen_q"]
+    assert sorted(check_order(spec, probe_maps[spec.family], bad)) == ["seqlen_k", "seqlen_q"]
 
 
 def test_kernels_take_the_spec_arguments_in_order():

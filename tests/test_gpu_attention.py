@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4_aot  # noqa: E402
+from conftest import run_in_threads  # noqa: E402
 from fa4_aot.testing import attention_ref, check_close  # noqa: E402
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -400,25 +401,17 @@ def test_threads_on_their_own_streams():
                     for _ in range(3)) for _ in range(4)]
     want = [fa4_aot.attention(*x, causal=True) for x in inputs]
     torch.cuda.synchronize()
-    got, errors = {}, []
+    got = {}
     barrier = threading.Barrier(4)
 
     def worker(i):
-        try:
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                barrier.wait()
-                outs = [fa4_aot.attention(*inputs[(i + j) % 4], causal=True) for j in range(40)]
-            s.synchronize()
-            got[i] = outs
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            barrier.wait()
+            outs = [fa4_aot.attention(*inputs[(i + j) % 4], causal=True) for j in range(40)]
+        s.synchronize()
+        got[i] = outs
+    run_in_threads(worker, 4)
     for i, outs in got.items():
         for j, o in enumerate(outs):
             assert torch.equal(o, want[(i + j) % 4]), (i, j)

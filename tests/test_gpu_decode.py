@@ -1,8 +1,6 @@
 """GPU tests of the decode path: packed GQA + split-KV + the combine kernel, seqused_k, varlen
 keys (skip cleanly without an sm_90 GPU)."""
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -14,6 +14,7 @@ from fa4_aot.runtime import pack_params
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
 import fakecuda  # noqa: E402
+from conftest import run_in_threads  # noqa: E402
 from fakecuda import fwd_params  # noqa: E402
 
 
@@ -376,12 +377,6 @@ def test_fallback_reencodes_when_the_address_field_is_not_raw(monkeypatch):
             assert ref == got
 
 
-def _call_of(entry, q):
-    """The Call an entry was derived from (tests only: re-derived from the memo key side)."""
-    from fa4_aot import interface
-    return entry.call
-
-
 @pytest.mark.parametrize("change", ["stride", "dtype", "causal", "scale", "stream", "window",
                                     "softcap", "scheduler", "out"])
 def test_memo_key_covers_what_the_launch_depends_on(monkeypatch, change):
@@ -575,33 +570,24 @@ def test_threads_interleaved_each_launch_packs_its_own_call(monkeypatch):
             records.append((threading.get_ident(), drv.launches[-1]))
         return r
     drv.cuLaunchKernelEx = launch
-    errors = []
 
     def worker(seed):
-        try:
-            barrier.wait()
-            with torch.no_grad():
-                for i in range(25):
-                    q, k, v = _dense(sq=50 + seed)
-                    out, lse = fa4_aot.attention(q, k, v, return_lse=True)
-                    ident = threading.get_ident()
-                    with lock:
-                        mine = [r for t, r in records if t == ident][-1]
-                    (entry,) = interface._tls.memo.values()
-                    (kl,) = interface.derive_launches(entry.call).launches
-                    values = _expected_values(kl, out, lse, q, k, v)
-                    _, ref, got = _reference_buffer(mine, kl.record, values,
-                                                    {"q": q, "k": k, "v": v})
-                    assert ref == got, (seed, i)
-                    assert mine["stream"] == streams[ident]
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+        barrier.wait()
+        with torch.no_grad():
+            for i in range(25):
+                q, k, v = _dense(sq=50 + seed)
+                out, lse = fa4_aot.attention(q, k, v, return_lse=True)
+                ident = threading.get_ident()
+                with lock:
+                    mine = [r for t, r in records if t == ident][-1]
+                (entry,) = interface._tls.memo.values()
+                (kl,) = interface.derive_launches(entry.call).launches
+                values = _expected_values(kl, out, lse, q, k, v)
+                _, ref, got = _reference_buffer(mine, kl.record, values,
+                                                {"q": q, "k": k, "v": v})
+                assert ref == got, (seed, i)
+                assert mine["stream"] == streams[ident]
+    run_in_threads(worker, 4)
     assert len(records) == 100
 
 
