@@ -375,8 +375,12 @@ def softmax_scalars(scale: float, softcap: float) -> dict:
 
 
 def grid_size(rule: dict, num_tiles: int, sms: int) -> int:
+    """CTAs of a launch of ``num_tiles`` work items (tiles; for the combine kernel, (row, head)
+    pairs) under the manifest's grid rule."""
     if rule["rule"] == "tiles":
         return num_tiles
+    if rule["rule"] == "rows":
+        return -(-num_tiles // rule["rows_per_cta"])
     return max(1, min(num_tiles, rule["ctas_per_sm"] * sms))
 
 
@@ -459,10 +463,10 @@ def derive_launches(c: Call) -> CallPlan:
         return CallPlan(out_shape, lse_shape, _ZERO_FILL, ())
     g = h // hk
     decode = c.paged or use_decode_kernels(sq, g, c.num_splits, c.scheduler, c.trace)
-    if decode and _device_arch(c.device) != "sm_90a":
-        if c.paged or (c.num_splits or 1) > 1:
-            raise ValueError("num_splits > 1 and page_table need the sm_90a decode kernels")
-        decode = False
+    if (decode and not (c.paged or (c.num_splits or 1) > 1)
+            and _device_arch(c.device) != "sm_90a"):
+        decode = False  # short queries elsewhere: the plain kernels (select_kernel refuses the
+        # decode kernels, i.e. paging and splits, on other archs, naming them)
     if decode:  # packed GQA (+ split-KV, + paged KV); softcap is a run-time value there
         # Many packed rows (chunked prefill over pages, forced splits on long queries): the
         # 128-row form, two MMA warpgroups taking turns on the tensor cores.
@@ -534,13 +538,12 @@ def derive_launches(c: Call) -> CallPlan:
     acc_shapes = ()
     if split:
         cname, crec = select_kernel(c.device, c.dtype, d, False, kind="combine")
-        rows_per_cta = crec["launch"]["grid"]["rows_per_cta"]
         cvalues = {"oacc_ptr": PerCall("oacc"), "lseacc_ptr": PerCall("lseacc"),
                    "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"), **strides,
                    "num_splits": splits, "acc_rows": acc_rows,
                    "seqlen_q": q_rows if c.varlen else sq, "num_heads": h}
-        launches.append(KernelLaunch(cname, crec, (-(-acc_rows * h // rows_per_cta), 1, 1),
-                                     cvalues))
+        cgrid = (grid_size(crec["launch"]["grid"], acc_rows * h, sms), 1, 1)
+        launches.append(KernelLaunch(cname, crec, cgrid, cvalues))
         acc_shapes = ((splits, acc_rows, h, d), (splits, acc_rows, h))
     return CallPlan(out_shape, lse_shape, _LAUNCH, tuple(launches), acc_shapes)
 

@@ -166,3 +166,14 @@ def test_many_packed_rows_take_the_wide_decode_kernels(monkeypatch):
         assert main.record["launch"]["tile"]["m"] == m and main.record["config"]["decode"]
         assert main.record["config"]["wide"] == (m == 128)
         assert main.values["num_m_blocks"] == -(-sq * 4 // m)
+
+
+@pytest.mark.parametrize("kw", [{"num_splits": 2},
+                                 {"page_table": torch.zeros(2, 2, dtype=torch.int32),
+                                  "seqused_k": torch.ones(2, dtype=torch.int32)}])
+def test_splits_and_paging_refused_off_sm90(monkeypatch, kw):
+    fakecuda.install(monkeypatch, arch="sm_100a")
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="num_splits > 1, paged KV .* sm_90a only"), torch.no_grad():
+        fa4_aot.attention(q, k, k, **kw)

@@ -50,6 +50,7 @@ def test_grid_rule_uses_sm_count_at_launch():
     assert grid_size({"rule": "persistent", "ctas_per_sm": 1}, 1000, 132) == 132
     assert grid_size({"rule": "persistent", "ctas_per_sm": 1}, 1000, 78) == 78  # H20
     assert grid_size({"rule": "persistent", "ctas_per_sm": 1}, 5, 132) == 5
+    assert grid_size({"rule": "rows", "rows_per_cta": 4}, 9, 132) == 3  # the combine kernel
 
 
 def test_scheduler_resolution():
