@@ -53,8 +53,7 @@ def compile_to_ptx(cfg_dict: dict, out_ptx: str) -> dict:
 def _compile(cfg_dict: dict, out_ptx: str) -> dict:
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int32, Int64
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from fa4_aot.configs import KernelConfig
 

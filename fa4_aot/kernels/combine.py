@@ -23,7 +23,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int64
 
 from fa4_aot.abi import COMBINE_SM90
 from fa4_aot.configs import KernelConfig

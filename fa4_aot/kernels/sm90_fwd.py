@@ -831,7 +831,6 @@ class FlashFwdSm90:
         buffers for the combine kernel."""
         acc_O_mn = f.acc_O_mn
         n_rows = cute.size(acc_O_mn, mode=[0])
-        row0 = t.m_block * self.tile_m
         lse_vals = []
         for r in cutlass.range_constexpr(n_rows):
             total = f.row_sum[r]
