@@ -307,8 +307,17 @@ def main(argv=None):
     ap.add_argument("--set", default="decode,paged")
     a = ap.parse_args(argv)
     import torch
+    import datetime
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": "python bench/bench_decode.py " + " ".join(argv if argv is not None
+                                                                 else sys.argv[1:]),
             "iters": a.iters, "repeats": a.repeats, "hbm_tb_s": HBM_TBS}
+    try:
+        from importlib.metadata import version
+        meta["flash_attn"] = version("flash-attn-4")
+    except Exception:  # noqa: BLE001
+        pass
     tables = []
     for group in [g.strip() for g in a.set.split(",") if g.strip()]:
         rows, provs = (run if group == "decode" else run_paged)(a)

@@ -1,7 +1,7 @@
 """Forward benchmark: fa4_aot (each scheduler) vs cuDNN SDPA, torch flash and upstream FA4, one
 process, one GPU.
 
-    python bench/bench_fwd.py [--set all|anchors|imbalanced|causal|docs|window|host[,...]]
+    python bench/bench_fwd.py [--set all|anchors|gqa|imbalanced|causal|docs|window|host[,...]]
                               [--filter SUBSTR[,...]] [--shapes "B,H,S,D[,c][,wL:R];..."]
                               [--providers fa4_aot:single,fa4_aot:static,fa4_aot:steal,cudnn,flash,fa4]
                               [--iters N] [--repeats N] [--no-check] [--varlen-peer auto|native|loop]
@@ -10,7 +10,8 @@ process, one GPU.
 Cases (bench/benchlib.py): the anchor table of shared/design.md (non-causal and causal), the
 causal sweep S = 1k..16k at 32k tokens (hd 128 and 64), varlen document mixes (1x16k + 32x512,
 16x2k, a zipf-like mix of 38,912 tokens; causal hd128/hd64 and non-causal hd128) and a causal
-sliding window (1024, 0) at S=8192 B=4 hd128. 16 heads wherever the anchor table does not say.
+sliding window (1024, 0) at S=8192 B=4 hd128, and grouped-query attention (2 x 32 query / 8 KV
+heads x 8192 x 128, causal and not). 16 heads wherever the anchor table does not say.
 
 TFLOP/s = 4*B*H*Sq*Sk*D / t, causal / window / varlen counting only the unmasked (q, k) pairs,
 computed exactly per document. Time: median over --repeats of (CUDA events around --iters
@@ -194,15 +195,16 @@ class Inputs:
     def __init__(self, case: bl.Case, dtype, max_bytes=2 << 30):
         import torch
         self.case = case
-        h, d = case.heads, case.head_dim
-        per_set = 3 * case.tokens * h * d * torch.tensor([], dtype=dtype).element_size()
+        h, hk, d = case.heads, case.kv_heads, case.head_dim
+        per_set = (h + 2 * hk) * case.tokens * d * torch.tensor([], dtype=dtype).element_size()
         self.n = max(1, min(4, max_bytes // max(per_set, 1)))
         dev = "cuda"
-        if case.varlen:
-            shape = (case.tokens, h, d)
-        else:
-            shape = (case.batch, case.seqlen_q, h, d)
-        self.sets = [tuple(torch.randn(shape, device=dev, dtype=dtype) for _ in range(3))
+
+        def shape(heads):
+            if case.varlen:
+                return (case.tokens, heads, d)
+            return (case.batch, case.seqlen_q, heads, d)
+        self.sets = [tuple(torch.randn(shape(x), device=dev, dtype=dtype) for x in (h, hk, hk))
                      for _ in range(self.n)]
         cu = case.cu_seqlens()
         self.cu = torch.tensor(cu, dtype=torch.int32, device=dev)
@@ -330,8 +332,9 @@ def build_peer(env: Env, prov, case: bl.Case, inp: Inputs, varlen_peer):
     # cudnn / flash
     if not case.varlen and not case.window:
         import torch.nn.functional as F
-        return (lambda i: F.scaled_dot_product_attention(*inp.bhsd(i), is_causal=case.causal)
-                .transpose(1, 2)), "sdpa"
+        gqa = {"enable_gqa": True} if case.kv_heads != case.heads else {}
+        return (lambda i: F.scaled_dot_product_attention(*inp.bhsd(i), is_causal=case.causal,
+                                                         **gqa).transpose(1, 2)), "sdpa"
     if prov == "flash":
         if env.varlen_attn is not None and varlen_peer != "loop":
             return _varlen_attn_call(env, inp, case.causal, case.window), "varlen_attn"
@@ -665,7 +668,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="all",
-                    help="comma list of all, anchors, imbalanced, causal, docs, window")
+                    help="comma list of all, anchors, gqa, imbalanced, causal, docs, window")
     ap.add_argument("--filter", help="keep cases whose label contains one of these substrings")
     ap.add_argument("--shapes", help="B,H,S,D[,c][,wL:R] list separated by ';' instead of --set")
     ap.add_argument("--providers", default=DEFAULT_PROVIDERS)

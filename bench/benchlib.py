@@ -49,7 +49,9 @@ DOC_SETS = {
     f"zipf{sum(ZIPF_DOCS)}": ZIPF_DOCS,
 }
 WINDOW_CASES = [(4, 16, 8192, 128, (1024, 0))]  # (B, H, S, D, (left, right)), causal
-GROUPS = ("anchors", "causal", "docs", "window")
+# Grouped-query attention (B, query heads, KV heads, S, D), each non-causal and causal.
+GQA_CASES = [(2, 32, 8, 8192, 128)]
+GROUPS = ("anchors", "gqa", "causal", "docs", "window")
 GROUP_ALIASES = {"all": GROUPS, "imbalanced": ("causal", "docs", "window"),
                  "varlen": ("docs",)}
 # Host time per call (issue 16): small calls, where the host work is the cost. Not in "all":
@@ -132,13 +134,14 @@ def _kilo(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
-def dense_case(b, h, s, d, causal, group="anchors", window=None, label=None) -> Case:
+def dense_case(b, h, s, d, causal, group="anchors", window=None, label=None, hk=0) -> Case:
     if label is None:
-        label = f"{b}x{h}x{s}x{d}" + (" causal" if causal else "")
+        heads = f"{h}q/{hk}kv" if hk and hk != h else str(h)
+        label = f"{'gqa ' if hk and hk != h else ''}{b}x{heads}x{s}x{d}" + (" causal" if causal else "")
         if window:
             label += f" window{tuple(window)}"
     return Case(group, label, h, d, causal, batch=b, seqlen_q=s, seqlen_k=s,
-                window=tuple(window) if window else None)
+                window=tuple(window) if window else None, heads_k=hk)
 
 
 def host_cases() -> list[Case]:
@@ -174,6 +177,9 @@ def build_cases(groups="all") -> list[Case]:
             continue
         if g == "anchors":
             cases += [dense_case(b, h, s, d, c) for b, h, s, d in ANCHORS for c in (False, True)]
+        elif g == "gqa":
+            cases += [dense_case(b, h, s, d, c, group="gqa", hk=hk)
+                      for b, h, hk, s, d in GQA_CASES for c in (False, True)]
         elif g == "causal":
             for d in (128, 64):
                 for s in CAUSAL_SEQLENS:

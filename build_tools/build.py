@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from build_tools import toolchain as tcm  # noqa: E402
-from build_tools.inspect_cubin import inspect_cubin, parse_ptx_entries, verify_ptxas  # noqa: E402
+from build_tools.inspect_cubin import (  # noqa: E402
+    inspect_cubin, parse_ptx_entries, register_budget_problem, verify_ptxas)
 from build_tools.spill_report import pick_best, warning_codes  # noqa: E402
 from fa4_aot import abi  # noqa: E402
 from fa4_aot.configs import CONFIG_SPACE, KernelConfig  # noqa: E402
@@ -128,6 +129,9 @@ def _record(cfg: KernelConfig, tc: tcm.Toolchain, info: dict, compiled: dict,
         raise RuntimeError(f"{cfg.name}: launch ABI does not match the PTX entry:\n  "
                            + "\n  ".join(problems))
     res = info["entries"][entry]
+    budget = register_budget_problem(ptx_text, res["registers"], launch["block"][0])
+    if budget:
+        raise RuntimeError(f"{cfg.name}: {budget}")
     return {
         "config": cfg.to_dict(),
         "arch": cfg.arch,

@@ -456,6 +456,31 @@ def parse_ptx_entries(ptx_text: str) -> dict[str, list[dict[str, Any]]]:
     return entries
 
 
+_PTX_SETMAXNREG_RE = re.compile(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)\s*;")
+
+
+def register_budget_problem(ptx_text: str, registers: int, threads: int) -> str | None:
+    """Warp-specialised kernels move registers with ``setmaxnreg``: one warpgroup decreases to
+    ``dec``, the other ``threads / 128 - 1`` increase to ``inc``, all inside the CTA's
+    allocation (``registers`` per thread, from the cubin). An increase that the decrease does
+    not cover waits forever on the GPU, so it is refused here. None when the budget holds (or
+    the kernel does not use setmaxnreg)."""
+    found = {"inc": set(), "dec": set()}
+    for kind, n in _PTX_SETMAXNREG_RE.findall(ptx_text):
+        found[kind].add(int(n))
+    if not found["inc"]:
+        return None
+    dec = min(found["dec"]) if found["dec"] else registers
+    inc = max(found["inc"])
+    takers = threads // 128 - 1
+    freed, needed = 128 * (registers - dec), 128 * takers * (inc - registers)
+    if needed > freed:
+        return (f"setmaxnreg: {takers} warpgroup(s) increase to {inc} registers from {registers} "
+                f"({needed} registers) but the decrease to {dec} frees only {freed}: the "
+                f"increase would wait forever")
+    return None
+
+
 _PTX_EXTERN_SHARED_RE = re.compile(r"^\s*\.extern\s+\.shared\b[^;]*?([\w$%]+)\s*\[\s*\]", re.M)
 
 

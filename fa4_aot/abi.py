@@ -35,8 +35,12 @@ import inspect
 from collections import namedtuple
 from dataclasses import dataclass
 
-ABI_VERSION = 3
-KV_CHUNK = 16  # keys per K/V TMA load of the decode kernels (one page-table lookup each)
+ABI_VERSION = 4
+# The decode kernels load a key block of K/V in TMA boxes of ``kv_box_rows`` keys (a launch
+# value: the whole n tile for contiguous K/V, gcd(page_size, n tile) with paged KV, so that a box
+# never crosses a page); their shared-memory stage is laid out in KV_CHUNK-key pieces, and a box
+# of kv_box_rows keys fills kv_box_rows / KV_CHUNK consecutive pieces.
+KV_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,9 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
              ("window_right", "local mask: keys visible up to row + sk - sq + window_right"),
              ("page_size", "paged KV: keys per page (a multiple of 16); 0 = contiguous K/V"),
              ("pages_per_seq", "paged KV: page_table columns (page indices read are clamped "
-                               "to them)")),
+                               "to them)"),
+             ("kv_box_rows", "decode kernels: keys per K/V TMA box (the n tile for contiguous "
+                             "K/V, gcd(page_size, n tile) with paged KV)")),
     _scalars("Softmax", "f32",
              ("softmax_scale_log2", "softmax_scale * log2(e) (softcap: softcap * log2(e))"),
              ("softmax_scale", "softmax_scale (softcap: softcap)"),
@@ -208,9 +214,13 @@ def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
     raise ValueError(f"head_dim {head_dim}: rows are not a multiple of 32 bytes")
 
 
-def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n: int) -> list[dict]:
+def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n: int,
+               kv_l2_promotion: str = "256B") -> list[dict]:
     """The kernel's PTX parameters, in order, as manifest records. ``tile_m``/``tile_n``: rows
-    of the Q and K/V TMA boxes (decode kernels load K/V in 16-key chunks)."""
+    of the Q and K/V TMA boxes, an int or the name of a launch value (the decode kernels' K/V
+    box, ``kv_box_rows``: the runtime encodes the descriptor with that value).
+    ``kv_l2_promotion``: the L2 promotion of the K/V descriptors (what L2 fetches from DRAM on
+    a miss; see :func:`launch_record`)."""
     box_inner, swz = head_dim_swizzle(head_dim)  # d is loaded in box_inner-wide chunks
     params = []
     for t in spec.tensors:
@@ -218,7 +228,8 @@ def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n:
         params.append({
             "name": f"tma_{t}", "kind": "tensormap", "size": 128, "align": 64, "tensor": t,
             "dtype": dtype, "dims": ["d", "s", "h", "b"], "box": [box_inner, rows, 1, 1],
-            "swizzle": swz, "interleave": "none", "l2_promotion": "256B", "oob_fill": "zero"})
+            "swizzle": swz, "interleave": "none",
+            "l2_promotion": "256B" if t == "q" else kv_l2_promotion, "oob_fill": "zero"})
         params.append({"name": f"{t}_shape", "kind": "i32_tuple", "size": 12, "align": 4,
                        "values": list(_SHAPE_VALUES[t])})
     for a in spec.args():
@@ -242,7 +253,13 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
     return {
         "abi_version": ABI_VERSION,
         "family": spec.family,
-        "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m, KV_CHUNK if cfg.decode else t.n),
+        # The decode kernels stream K/V from HBM once: with 256-byte L2 promotion a quarter of
+        # their requests hit lines the promotion fetched and DRAM throughput stayed at 86 %;
+        # 128-byte promotion is 7-9 % faster there (docs/perf-notes.md v11). Prefill: no
+        # measurable difference, left at 256.
+        "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m,
+                             "kv_box_rows" if cfg.decode else t.n,
+                             kv_l2_promotion="128B" if cfg.decode else "256B"),
         "block": [cfg.threads, 1, 1],
         "cluster": [1, 1, 1],
         "dynamic_smem_bytes": dynamic_smem_bytes,

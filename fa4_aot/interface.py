@@ -532,6 +532,9 @@ def derive_launches(c: Call) -> CallPlan:
         "page_size": k_rows if c.paged else 0,
         "pages_per_seq": c.page_table[0][1] if c.paged else 0,
         "page_table_stride": c.page_table[1][0] if c.paged else 0,
+        # decode kernels' K/V TMA box: a whole key block, or with pages the largest box that
+        # divides both the block and the page (abi.KV_CHUNK at least: page sizes are multiples)
+        "kv_box_rows": math.gcd(k_rows, tile_n) if c.paged else tile_n,
     }
     grid = (grid_size(launch["grid"], num_tiles, sms), 1, 1)
     launches = [KernelLaunch(name, rec, grid, values)]

@@ -109,6 +109,14 @@ def tma_view(param: dict, shape, stride, elem_bytes: int) -> tuple:
             tuple(stride[a] * elem_bytes for a in axes[1:]))
 
 
+def resolve_box(param: dict, values: dict) -> dict:
+    """The ``tensormap`` record with its box as numbers: a box entry may name a launch value
+    (the decode kernels' ``kv_box_rows``)."""
+    if all(isinstance(x, int) for x in param["box"]):
+        return param
+    return {**param, "box": [values[x] if isinstance(x, str) else x for x in param["box"]]}
+
+
 def _settings_key(param, dims, strides):
     return (dims, strides, param["dtype"], tuple(param["box"]), param["swizzle"],
             param["l2_promotion"], param["oob_fill"])
@@ -270,6 +278,7 @@ class LaunchPlan:
         for off, st, names, cast, _ in self.fields:
             st.pack_into(buf, off, *[cast(values[n]) for n in names])
         for off, p in self.tensormaps:
+            p = resolve_box(p, values)
             buf[off:off + TMAP_BYTES] = tensormap_bytes(p, tensors[p["tensor"]])
         return buf
 
@@ -287,6 +296,7 @@ class LaunchPlan:
                 raise ValueError(f"{names}: only pointer parameters take a per-call value")
             st.pack_into(buf, off, *[cast(x) for x in vals])
         for off, p in self.tensormaps:
+            p = resolve_box(p, values)
             tv = views[p["tensor"]]
             dims, strides = tma_view(p, tv.shape, tv.stride, tv.elem_bytes)
             image, field = tensormap_template(p, dims, strides, tv.address)

@@ -58,6 +58,7 @@ class FakeDriver:
         self.addr_word = addr_word
         self.fail_launch = fail_launch
         self.encodes = 0
+        self.boxes = []  # the box of every descriptor encoded, in order
         self.launches = []
         self.record = True  # False: count launches only (profiling)
         self.count = 0
@@ -79,6 +80,7 @@ class FakeDriver:
     def cuTensorMapEncodeTiled(self, dtype, rank, address, dims, strides, box, elem_strides,
                                interleave, swizzle, l2, oob):
         self.encodes += 1
+        self.boxes.append([int(x) for x in box])
         desc = repr((dtype, rank, list(dims), list(strides), list(box), list(elem_strides),
                      interleave, swizzle, l2, oob)).encode()
         words = [zlib.crc32(desc + bytes([i])) | (i << 40) for i in range(16)]

@@ -93,22 +93,36 @@ def test_paged_call_values(monkeypatch):
     assert v["seqlen_k"] == pages * ps and v["k_rows"] == ps and v["k_batch"] == 20
     assert v["seq_mode"] == 4  # seqused_k; k/v not packed
     k_box = next(p for p in main.record["launch"]["params"] if p["name"] == "tma_k")["box"]
-    assert k_box[1] == 16  # the decode kernels load K/V in 16-key chunks
+    assert k_box[1] == "kv_box_rows" and v["kv_box_rows"] == ps  # a box never crosses a page
 
 
-def test_chunked_prefill_varlen_q_with_paged_kv(monkeypatch):
+@pytest.mark.parametrize("page,hd,want", [
+    (None, 128, 128), (None, 192, 112), (None, 256, 80),  # contiguous: one box per key block
+    (16, 128, 16), (32, 128, 32), (48, 128, 16), (64, 128, 64), (128, 128, 128),
+    (256, 128, 128), (64, 192, 16), (112, 192, 112), (160, 256, 80), (64, 64, 64)])
+def test_decode_kv_box_rows(monkeypatch, page, hd, want):
+    """The decode kernels' K/V TMA box: the whole key block for contiguous K/V; with pages the
+    largest box dividing both the page and the block (never crossing a page). The
+    descriptors are encoded with it (the record names the launch value)."""
     from fa4_aot import interface
-    fakecuda.install(monkeypatch)
-    q = torch.randn(9, 4, 64, dtype=torch.bfloat16)
-    cache = torch.randn(8, 16, 1, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    drv = fakecuda.install(monkeypatch)
+    b, hk = 2, 2
+    q = torch.randn(b, 1, 8, hd, dtype=torch.bfloat16)
+    kw = {}
+    if page is None:
+        k = torch.randn(b, 300, hk, hd, dtype=torch.bfloat16)
+    else:
+        k = torch.randn(6, page, hk, hd, dtype=torch.bfloat16)
+        kw = dict(page_table=torch.zeros(b, 3, dtype=torch.int32),
+                  seqused_k=torch.tensor([5, 3 * page], dtype=torch.int32))
     with torch.no_grad():
-        fa4_aot.attention(q, cache, cache, causal=True, cu_seqlens_q=cu, max_seqlen_q=5,
-                          page_table=torch.zeros(2, 3, dtype=torch.int32),
-                          seqused_k=torch.tensor([20, 48], dtype=torch.int32))
+        fa4_aot.attention(q, k, k, causal=True, num_splits=1, **kw)
     (entry,) = interface._tls.memo.values()
-    v = interface.derive_launches(entry.call).launches[0].values
-    assert v["seq_mode"] == 1 | 4 and v["acc_rows"] == 9 and v["cu_seqlens_k"] == 0
+    (main,) = interface.derive_launches(entry.call).launches
+    assert main.values["kv_box_rows"] == want
+    tile = main.record["launch"]["tile"]
+    assert tile["n"] % want == 0 and want % 16 == 0 and (page is None or page % want == 0)
+    assert {box[1] for box in drv.boxes} == {tile["m"], want}  # rows of the Q and K/V boxes
 
 
 @pytest.mark.parametrize("kw,exc,match", [
@@ -177,3 +191,20 @@ def test_splits_and_paging_refused_off_sm90(monkeypatch, kw):
     k = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="num_splits > 1, paged KV .* sm_90a only"), torch.no_grad():
         fa4_aot.attention(q, k, k, **kw)
+
+
+def test_kv_l2_promotion_per_kernel_family():
+    """The decode kernels' K/V descriptors promote L2 fills to 128 bytes (their reads stream
+    from HBM once: 256-byte promotion cost them 7-9 %); the prefill kernels keep 256."""
+    from fa4_aot import abi
+    from fa4_aot.configs import CONFIG_SPACE
+    seen = set()
+    for cfg in CONFIG_SPACE:
+        if cfg.kind != "fwd" or cfg.arch != "sm_90a":
+            continue
+        promo = {p["tensor"]: p["l2_promotion"] for p in abi.launch_record(cfg, 0)["params"]
+                 if p["kind"] == "tensormap"}
+        want = "128B" if cfg.decode else "256B"
+        assert promo == {"q": "256B", "k": want, "v": want}, cfg.name
+        seen.add(cfg.decode)
+    assert seen == {True, False}

@@ -154,3 +154,12 @@ def test_forced_splits_on_long_queries_use_the_wide_decode_kernels(num_splits):
     q, k, v = _inputs(2, 300, 3000, 8, 4, 128)  # 600 packed rows: the 128-row decode form
     out, lse = fa4_aot.attention(q, k, v, causal=True, return_lse=True, num_splits=num_splits)
     _check(out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("h,hk,sq", [(12, 4, 5), (24, 4, 30), (6, 2, 50)])
+def test_groups_that_do_not_divide_the_tile(h, hk, sq):
+    # Groups of 3 and 6 query heads: an m tile of packed rows holds partial groups (its rows
+    # start mid-group), in the 64-row and the 128-row (wide) decode kernels.
+    q, k, v = _inputs(2, sq, 1500, h, hk, 128)
+    out, lse = fa4_aot.attention(q, k, v, causal=True, return_lse=True, num_splits=2)
+    _check(out, lse, q, k, v, causal=True)

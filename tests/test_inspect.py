@@ -328,3 +328,37 @@ def test_verify_ptxas():
         ic.verify_ptxas({"ptxas_version": None, "elf_toolkit": "12.9"}, toolchain("13.1.115"))
     with pytest.raises(ToolchainError, match="toolkit 13.1, expected 12.9"):
         ic.verify_ptxas({"ptxas_version": None, "elf_toolkit": "13.1"}, toolchain("12.9.86"))
+
+
+def _ptx_with_setmaxnreg(dec, inc):
+    return (f"\tsetmaxnreg.dec.sync.aligned.u32 \t{dec};\n"
+            f"\tsetmaxnreg.inc.sync.aligned.u32 \t{inc};\n")
+
+
+@pytest.mark.parametrize("regs,threads,dec,inc,ok", [
+    (168, 384, 24, 240, True),    # the prefill kernels: 128 * 144 = 256 * 72, exactly
+    (168, 384, 32, 232, True),    # the 128-row decode kernels
+    (168, 384, 32, 240, False),   # 128 * 136 < 256 * 72: the increase would wait forever
+    (240, 256, 56, 240, True),    # the 64-row decode kernels: nothing to take
+])
+def test_register_budget(regs, threads, dec, inc, ok):
+    from build_tools.inspect_cubin import register_budget_problem
+    problem = register_budget_problem(_ptx_with_setmaxnreg(dec, inc), regs, threads)
+    assert (problem is None) == ok
+    if not ok:
+        assert "wait forever" in problem and str(inc) in problem
+
+
+def test_shipped_kernels_register_budgets_hold():
+    """Every shipped kernel's setmaxnreg moves fit its allocation (the build refuses others)."""
+    import json
+    from build_tools.inspect_cubin import register_budget_problem
+    root = Path(__file__).resolve().parent.parent / "artifacts"
+    manifest = json.loads((root / "manifest.json").read_text())
+    checked = 0
+    for name, rec in manifest["kernels"].items():
+        res = rec["resources"]
+        text = (root / rec["ptx"]).read_text()
+        assert register_budget_problem(text, res["registers"], res["threads"]) is None, name
+        checked += "setmaxnreg" in text
+    assert checked >= 150

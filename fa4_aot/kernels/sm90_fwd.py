@@ -174,9 +174,12 @@ class FlashFwdSm90:
         self.threads = cfg.threads
         self.num_mma_wg = self.tile_m // 64
         assert self.threads == 128 * (1 + self.num_mma_wg)
-        # The decode kernels' producer also looks up pages; with one MMA warpgroup (256
-        # threads) it can have more registers.
-        self.producer_regs = 56 if self.decode and self.num_mma_wg == 1 else 24
+        # setmaxnreg moves registers inside the CTA's allocation (ptxas gives each thread
+        # 64 K / threads, rounded down to 8): what the producer warpgroup gives up must cover
+        # what the MMA warpgroups take (the build checks it: 128 * (168 - 24) = 256 * (240 -
+        # 168) with two MMA warpgroups). With one (the decode kernels, 256 threads) the
+        # producer, which also looks up pages, keeps 56.
+        self.producer_regs = 56 if self.num_mma_wg == 1 else 24
         self.mma_regs = 240
         self.binfo = BlockInfo(self.tile_m, self.tile_n, self.causal, self.local)
         self.intra_wg_overlap = cfg.tile.overlap
@@ -396,7 +399,7 @@ class FlashFwdSm90:
                     kv_head = t.head // shape.qhead_per_kvhead
                 valid = t.m_block * self.tile_m < self.rows_of(t, shape)
 
-                if cutlass.const_expr(not self.decode):  # decode: the MMA warpgroup loads Q
+                if cutlass.const_expr(not self.decode):  # decode: the MMA warpgroups load Q
                     # varlen: shift the coordinate tensor to the document's first row.
                     gQ = cute.local_tile(
                         cute.domain_offset((t.q_start, 0), tQ[None, None, t.head, t.q_b]),
@@ -466,15 +469,16 @@ class FlashFwdSm90:
 
     @cute.jit
     def block_pages(self, n_block, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape):
-        """Paged KV: lane ``c`` of the producer warp gets (page, row in the page) of chunk ``c``
-        of key block ``n_block``: ``page_table[batch, key // page_size]``, ``key % page_size``
-        (the column clamped into the table; a page index outside the cache makes TMA fill
-        zeros, never read outside k/v). Contiguous K/V: (``k_b``, 0)."""
+        """Paged KV: lane ``c`` of the producer warp gets (page, row in the page) of TMA box
+        ``c`` (``kv_box_rows`` keys) of key block ``n_block``: ``page_table[batch, key //
+        page_size]``, ``key % page_size`` (the column clamped into the table; a page index
+        outside the cache makes TMA fill zeros, never read outside k/v). Contiguous K/V:
+        (``k_b``, 0)."""
         page = t.k_b
         row = Int32(0)
         if shape.page_size != 0:
-            c = cutlass.min(cute.arch.lane_idx(), Int32(self.tile_n // KV_CHUNK - 1))
-            key = cutlass.max(n_block * self.tile_n + c * KV_CHUNK, Int32(0))
+            c = cutlass.min(cute.arch.lane_idx(), Int32(self.tile_n) // shape.kv_box_rows - 1)
+            key = cutlass.max(n_block * self.tile_n + c * shape.kv_box_rows, Int32(0))
             col = key // shape.page_size
             row = key - col * shape.page_size
             col = cutlass.min(col, shape.pages_per_seq - 1)
@@ -486,13 +490,19 @@ class FlashFwdSm90:
     @cute.jit
     def load_kv_chunks(self, tma, tX, sX, is_v: cutlass.Constexpr, n_block, stage, bar,
                        t: _Tile, kv_head, groups):
-        """Decode kernels: key block ``n_block`` of K (or V) in KV_CHUNK-key TMA loads, each
-        from its own place: contiguous rows ``k_start + key`` of batch entry ``k_b``, or with
-        paged KV (``page_size != 0``) the (page, row) that lane ``c`` of ``pages`` holds for
-        chunk ``c`` (:meth:`block_pages`)."""
+        """Decode kernels: key block ``n_block`` of K (or V) in TMA boxes of ``kv_box_rows`` keys
+        (one box per block for contiguous K/V; with paged KV boxes that never cross a page),
+        each from its own place: contiguous rows ``k_start + key`` of batch entry ``k_b``, or
+        with paged KV (``page_size != 0``) the (page, row) that lane ``c`` of ``pages`` holds
+        for box ``c`` (:meth:`block_pages`). The stage is laid out in KV_CHUNK-key pieces,
+        each swizzle panel holding all keys of the block, so a box of kv_box_rows keys issued
+        at piece ``c * kv_box_rows / KV_CHUNK`` fills exactly its pieces (the descriptor's box
+        sets the rows moved; the instruction names only its first piece)."""
         (pages, rows), shape = groups
-        for c in cutlass.range_constexpr(self.tile_n // KV_CHUNK):
-            row = t.k_start + n_block * self.tile_n + c * KV_CHUNK
+        box = shape.kv_box_rows
+        step = box // KV_CHUNK
+        for c in cutlass.range(Int32(self.tile_n) // box, unroll=1):
+            row = t.k_start + n_block * self.tile_n + c * box
             page = pages
             if shape.page_size != 0:
                 row = cute.arch.shuffle_sync(rows, c)
@@ -500,11 +510,11 @@ class FlashFwdSm90:
             if cutlass.const_expr(is_v):
                 g = cute.local_tile(cute.domain_offset((0, row), tX[None, None, kv_head, page]),
                                     (self.hd, KV_CHUNK), (0, 0))
-                sc = cute.local_tile(sX[None, None, stage], (self.hd, KV_CHUNK), (0, c))
+                sc = cute.local_tile(sX[None, None, stage], (self.hd, KV_CHUNK), (0, c * step))
             else:
                 g = cute.local_tile(cute.domain_offset((row, 0), tX[None, None, kv_head, page]),
                                     (KV_CHUNK, self.hd), (0, 0))
-                sc = cute.local_tile(sX[None, None, stage], (KV_CHUNK, self.hd), (c, 0))
+                sc = cute.local_tile(sX[None, None, stage], (KV_CHUNK, self.hd), (c * step, 0))
             ts, tg = cpasync.tma_partition(tma, 0, cute.make_layout(1),
                                            cute.group_modes(sc, 0, 2), cute.group_modes(g, 0, 2))
             cute.copy(tma, tg, ts, tma_bar_ptr=bar)
@@ -616,9 +626,10 @@ class FlashFwdSm90:
 
     @cute.jit
     def load_q_packed(self, tidx, sQ, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape):
-        """Decode kernels: the warpgroup loads its 64 packed rows of Q into shared memory with
-        16-byte loads (rows past the tile's end are zero), then makes them visible to wgmma.
-        Its previous tile's wgmmas have completed (the mainloop ends on wait_group(0))."""
+        """Decode kernels: the warpgroup copies its 64 packed rows of Q into shared memory with
+        16-byte cp.async (all in flight at once; rows past the tile's end are zero), waits for
+        them and makes them visible to wgmma. Its previous tile's wgmmas have completed (the
+        mainloop ends on wait_group(0))."""
         g = shape.qhead_per_kvhead
         wg = tidx // 128
         lt = tidx % 128
@@ -629,6 +640,7 @@ class FlashFwdSm90:
         base = Int64(t.batch) * q_b + Int64(t.q_start) * q_s
         rows_valid = t.sq * g
         sQ2 = sQ[None, None, 0]
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
         # A run-time loop: unrolled, the per-iteration addresses are hoisted out of the tile
         # loop and spill at head_dim 256.
         for i in cutlass.range(64 * chunks // 128, unroll=1):
@@ -636,16 +648,20 @@ class FlashFwdSm90:
             r = wg * 64 + c // chunks
             ch = c % chunks
             rr = t.m_block * self.tile_m + r
-            s = rr // g
-            head = t.head * g + (rr - s * g)
-            vals = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
-            vals.fill(0.0)
+            dst = cute.local_tile(sQ2, (1, 8), (r, ch))[0, None]
             if rr < rows_valid:
+                s = rr // g
+                head = t.head * g + (rr - s * g)
                 off = cute.assume(base + Int64(s) * q_s + Int64(head) * q_h + Int64(ch * 8),
                                   divby=8)
                 src = cute.make_tensor(ptrs.q_ptr + off, cute.make_layout(8))
-                cute.autovec_copy(src, vals)
-            cute.autovec_copy(vals, cute.local_tile(sQ2, (1, 8), (r, ch)))
+                cute.copy(g2s, src, dst)
+            else:
+                zeros = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
+                zeros.fill(0.0)
+                cute.autovec_copy(zeros, dst)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=3 + wg, number_of_threads=128)
 
