@@ -136,8 +136,9 @@ def _kilo(n: int) -> str:
 
 def dense_case(b, h, s, d, causal, group="anchors", window=None, label=None, hk=0) -> Case:
     if label is None:
-        heads = f"{h}q/{hk}kv" if hk and hk != h else str(h)
-        label = f"{'gqa ' if hk and hk != h else ''}{b}x{heads}x{s}x{d}" + (" causal" if causal else "")
+        gqa = bool(hk) and hk != h
+        label = f"gqa {b}x{h}q/{hk}kvx{s}x{d}" if gqa else f"{b}x{h}x{s}x{d}"
+        label += " causal" if causal else ""
         if window:
             label += f" window{tuple(window)}"
     return Case(group, label, h, d, causal, batch=b, seqlen_q=s, seqlen_k=s,

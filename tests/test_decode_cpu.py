@@ -96,6 +96,21 @@ def test_paged_call_values(monkeypatch):
     assert k_box[1] == "kv_box_rows" and v["kv_box_rows"] == ps  # a box never crosses a page
 
 
+def test_chunked_prefill_varlen_q_with_paged_kv(monkeypatch):
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    q = torch.randn(9, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(8, 16, 1, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    with torch.no_grad():
+        fa4_aot.attention(q, cache, cache, causal=True, cu_seqlens_q=cu, max_seqlen_q=5,
+                          page_table=torch.zeros(2, 3, dtype=torch.int32),
+                          seqused_k=torch.tensor([20, 48], dtype=torch.int32))
+    (entry,) = interface._tls.memo.values()
+    v = interface.derive_launches(entry.call).launches[0].values
+    assert v["seq_mode"] == 1 | 4 and v["acc_rows"] == 9 and v["cu_seqlens_k"] == 0
+
+
 @pytest.mark.parametrize("page,hd,want", [
     (None, 128, 128), (None, 192, 112), (None, 256, 80),  # contiguous: one box per key block
     (16, 128, 16), (32, 128, 32), (48, 128, 16), (64, 128, 64), (128, 128, 128),

@@ -337,7 +337,7 @@ def _ptx_with_setmaxnreg(dec, inc):
 
 @pytest.mark.parametrize("regs,threads,dec,inc,ok", [
     (168, 384, 24, 240, True),    # the prefill kernels: 128 * 144 = 256 * 72, exactly
-    (168, 384, 32, 232, True),    # the 128-row decode kernels
+    (168, 384, 32, 232, True),    # a producer at 32, MMA warpgroups at 232: fits
     (168, 384, 32, 240, False),   # 128 * 136 < 256 * 72: the increase would wait forever
     (240, 256, 56, 240, True),    # the 64-row decode kernels: nothing to take
 ])
