@@ -426,14 +426,18 @@ class FlashFwdSm90:
                         page = (page_nxt, row_nxt)
                         page_nxt, row_nxt = self.block_pages(n_block - 1, t, ptrs, strides,
                                                              shape)
-                        pipe_k.producer_acquire(kv_state)
-                        self.load_kv_chunks(tma_k, tK, sK, False, n_block, kv_state.index,
-                                            pipe_k.producer_get_barrier(kv_state), t, kv_head,
-                                            (page, shape))
-                        pipe_v.producer_acquire(kv_state)
-                        self.load_kv_chunks(tma_v, tV, sV, True, n_block, kv_state.index,
-                                            pipe_v.producer_get_barrier(kv_state), t, kv_head,
-                                            (page, shape))
+                        loads = ((tma_k, tK, sK, pipe_k.producer_get_barrier(kv_state)),
+                                 (tma_v, tV, sV, pipe_v.producer_get_barrier(kv_state)))
+                        where = (n_block, kv_state.index, t, kv_head, page, shape)
+                        if self.merged_kv_loads(shape):
+                            pipe_k.producer_acquire(kv_state)
+                            pipe_v.producer_acquire(kv_state)
+                            self.load_kv_boxes(loads, (True, True), where)
+                        else:
+                            pipe_k.producer_acquire(kv_state)
+                            self.load_kv_boxes(loads, (True, False), where)
+                            pipe_v.producer_acquire(kv_state)
+                            self.load_kv_boxes(loads, (False, True), where)
                         kv_state.advance()
                 else:
                     gK = cute.local_tile(
@@ -487,18 +491,29 @@ class FlashFwdSm90:
                 cute.make_layout(1))[0]
         return page, row
 
+    def merged_kv_loads(self, shape: Shape):
+        """Paged KV in the 64-row decode kernels with 3+ stages: one pass over the boxes for K
+        and V (one page shuffle and one set of coordinates per box instead of two; page 16:
+        277 -> 254 us, the producer warp's issue rate was the limit, docs/perf-notes.md v11),
+        both stages acquired first. Not with 2 stages or in the 128-row kernels: waiting for
+        the V slot (released a block later than K's) before issuing K cost the chunked
+        prefill 23 %."""
+        if cutlass.const_expr(self.num_mma_wg == 1 and self.kv_stages >= 3):
+            return shape.page_size != 0
+        return False
+
     @cute.jit
-    def load_kv_chunks(self, tma, tX, sX, is_v: cutlass.Constexpr, n_block, stage, bar,
-                       t: _Tile, kv_head, groups):
-        """Decode kernels: key block ``n_block`` of K (or V) in TMA boxes of ``kv_box_rows`` keys
-        (one box per block for contiguous K/V; with paged KV boxes that never cross a page),
-        each from its own place: contiguous rows ``k_start + key`` of batch entry ``k_b``, or
-        with paged KV (``page_size != 0``) the (page, row) that lane ``c`` of ``pages`` holds
-        for box ``c`` (:meth:`block_pages`). The stage is laid out in KV_CHUNK-key pieces,
-        each swizzle panel holding all keys of the block, so a box of kv_box_rows keys issued
-        at piece ``c * kv_box_rows / KV_CHUNK`` fills exactly its pieces (the descriptor's box
-        sets the rows moved; the instruction names only its first piece)."""
-        (pages, rows), shape = groups
+    def load_kv_boxes(self, loads, which: cutlass.Constexpr, where):
+        """Decode kernels: key block ``n_block`` of K and/or V (``which``) in TMA boxes of
+        ``kv_box_rows`` keys (one box per block for contiguous K/V; with paged KV boxes that
+        never cross a page), each from its own place: contiguous rows ``k_start + key`` of
+        batch entry ``k_b``, or with paged KV (``page_size != 0``) the (page, row) that lane
+        ``c`` of ``pages`` holds for box ``c`` (:meth:`block_pages`). The stage is laid out in
+        KV_CHUNK-key pieces, each swizzle panel holding all keys of the block, so a box of
+        kv_box_rows keys issued at piece ``c * kv_box_rows / KV_CHUNK`` fills exactly its
+        pieces (the descriptor's box sets the rows moved; the instruction names only its first
+        piece)."""
+        n_block, stage, t, kv_head, (pages, rows), shape = where
         box = shape.kv_box_rows
         step = box // KV_CHUNK
         for c in cutlass.range(Int32(self.tile_n) // box, unroll=1):
@@ -507,17 +522,25 @@ class FlashFwdSm90:
             if shape.page_size != 0:
                 row = cute.arch.shuffle_sync(rows, c)
                 page = cute.arch.shuffle_sync(pages, c)
-            if cutlass.const_expr(is_v):
-                g = cute.local_tile(cute.domain_offset((0, row), tX[None, None, kv_head, page]),
-                                    (self.hd, KV_CHUNK), (0, 0))
-                sc = cute.local_tile(sX[None, None, stage], (self.hd, KV_CHUNK), (0, c * step))
-            else:
-                g = cute.local_tile(cute.domain_offset((row, 0), tX[None, None, kv_head, page]),
-                                    (KV_CHUNK, self.hd), (0, 0))
-                sc = cute.local_tile(sX[None, None, stage], (KV_CHUNK, self.hd), (c * step, 0))
-            ts, tg = cpasync.tma_partition(tma, 0, cute.make_layout(1),
-                                           cute.group_modes(sc, 0, 2), cute.group_modes(g, 0, 2))
-            cute.copy(tma, tg, ts, tma_bar_ptr=bar)
+            for is_v in cutlass.range_constexpr(2):
+                if cutlass.const_expr(which[is_v]):
+                    tma, tX, sX, bar = loads[is_v]
+                    if cutlass.const_expr(is_v == 1):
+                        g = cute.local_tile(
+                            cute.domain_offset((0, row), tX[None, None, kv_head, page]),
+                            (self.hd, KV_CHUNK), (0, 0))
+                        sc = cute.local_tile(sX[None, None, stage], (self.hd, KV_CHUNK),
+                                             (0, c * step))
+                    else:
+                        g = cute.local_tile(
+                            cute.domain_offset((row, 0), tX[None, None, kv_head, page]),
+                            (KV_CHUNK, self.hd), (0, 0))
+                        sc = cute.local_tile(sX[None, None, stage], (KV_CHUNK, self.hd),
+                                             (c * step, 0))
+                    ts, tg = cpasync.tma_partition(tma, 0, cute.make_layout(1),
+                                                   cute.group_modes(sc, 0, 2),
+                                                   cute.group_modes(g, 0, 2))
+                    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
 
     @cute.jit
     def skip_empty_tiles(self, tile, ptrs: Ptrs, shape: Shape):
