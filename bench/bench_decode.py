@@ -128,7 +128,7 @@ def paged_inputs(b, sq, sk, h, hk, page):
     used = torch.full((b,), sk, dtype=torch.int32, device="cuda")
     if sq > 1:
         q = torch.randn(b * sq, h, d, device="cuda", dtype=torch.bfloat16)
-        cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device="cuda")
+        cu_q = uniform_offsets(b, sq)
     else:
         q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
         cu_q = None
@@ -147,7 +147,7 @@ def paged_providers(names, sq, inp):
             if cu_q is None:  # the same data, contiguous
                 out["fa4_aot:contig"] = lambda: fa4_aot.attention(q, k, v, causal=True)
             else:
-                cu_k = torch_arange_like(cu_q, k.shape[1])
+                cu_k = uniform_offsets(cu_q.numel() - 1, k.shape[1])
                 kp, vp = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
                 out["fa4_aot:contig"] = lambda: fa4_aot.attention(
                     q, kp, vp, causal=True, cu_seqlens_k=cu_k, max_seqlen_k=k.shape[1], **var)
@@ -162,10 +162,10 @@ def paged_providers(names, sq, inp):
     return out
 
 
-def torch_arange_like(cu_q, step):
+def uniform_offsets(n, step):
+    """int32 cu_seqlens of ``n`` packed sequences of ``step`` tokens each, on the GPU."""
     import torch
-    return torch.arange(0, (cu_q.numel() - 1) * step + 1, step, dtype=torch.int32,
-                        device=cu_q.device)
+    return torch.arange(0, n * step + 1, step, dtype=torch.int32, device="cuda")
 
 
 def run_paged(a):

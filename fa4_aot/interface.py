@@ -59,6 +59,8 @@ LSE_SCRATCH_BYTES = 64 * 1024  # largest LSE an entry keeps for calls that do no
 SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace", "seqused_q",
          "seqused_k", "page_table", "oacc", "lseacc")
 _NO_EXTRA = (0, 0, 0, 0, 0)  # the last five slots of a call without seqused/paging/split
+# (num_splits, seqused_q, seqused_k, page_table) of a call that passes none of them
+_NO_EXT = (None, None, None, None)
 
 if torch is not None:
     _float32 = torch.float32
@@ -587,7 +589,7 @@ class _Entry:
         if ext is None and not self.acc_shapes:
             addrs += _NO_EXTRA
         else:
-            _, used_q, used_k, table = ext or (None, None, None, None)
+            _, used_q, used_k, table = ext or _NO_EXT
             acc = self.acc_scratch
             if self.acc_shapes and (acc is None or _capturing()):
                 acc = [q.new_empty(shape, dtype=_float32) for shape in self.acc_shapes]
@@ -637,6 +639,13 @@ def _tkey(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
+def _extras(num_splits, seqused_q, seqused_k, page_table):
+    """The decode / serving arguments as one tuple (``ext``), or None when the call passes none
+    of them (the memo key and the call path then skip them)."""
+    ext = (num_splits, seqused_q, seqused_k, page_table)
+    return None if all(x is None for x in ext) else ext
+
+
 def _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, softcap, out,
          trace, device, ext=None):
     """What a launch depends on, less the addresses (the memo key). ``causal`` and ``softcap``
@@ -647,7 +656,7 @@ def _key(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, scheduler, so
             causal, causal.__class__, scale, wl, wr, scheduler, softcap, softcap.__class__,
             None if cu_q is None and cu_k is None else (
                 _tkey(cu_q), _tkey(cu_k), max_q, max_q.__class__, max_k, max_k.__class__),
-            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            _tkey(out),
             None if trace is None else (trace.shape, trace.dtype, trace.device),
             None if ext is None else (ext[0], ext[0].__class__, _tkey(ext[1]), _tkey(ext[2]),
                                       _tkey(ext[3])))
@@ -688,7 +697,7 @@ def _validate_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, sch
                    softcap, out, trace, ext, device_type=None):
     """Every check of a call's arguments, in the order the error messages are documented and
     tested (a memo miss, and torch.compile's tracing). Returns (local, left, right)."""
-    num_splits, used_q, used_k, table = ext or (None, None, None, None)
+    num_splits, used_q, used_k, table = ext or _NO_EXT
     paged = table is not None
     varlen = cu_q is not None or cu_k is not None
     _validate(q, k, v, scale, causal, varlen, softcap, paged)
@@ -716,7 +725,7 @@ def _prepare(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, scheduler
     key."""
     local, left, right = _validate_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
                                         window, scheduler, softcap, out, trace, ext)
-    num_splits, used_q, used_k, table = ext or (None, None, None, None)
+    num_splits, used_q, used_k, table = ext or _NO_EXT
     paged = table is not None
     varlen = cu_q is not None or cu_k is not None
     wl, wr = (left, right) if local else (-1, -1)
@@ -789,8 +798,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     automatic, :func:`fa4_aot.decode.choose_num_splits`; 1 = no split). Calls whose
     seqlen_q * (heads // heads_k) <= 128, paged calls and calls with num_splits > 1 run on
     the decode kernels (packed GQA + split-KV, sm_90a)."""
-    ext = (None if num_splits is None and seqused_q is None and seqused_k is None
-           and page_table is None else (num_splits, seqused_q, seqused_k, page_table))
+    ext = _extras(num_splits, seqused_q, seqused_k, page_table)
     if _is_compiling():
         o, lse = _traced(q, k, v, causal, softmax_scale, scheduler, window_size, softcap,
                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, _trace,
@@ -812,7 +820,7 @@ def _traced(q, k, v, causal, softmax_scale, scheduler, window_size, softcap, cu_
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise _forward_only()
     if out is None and trace is None:
-        num_splits, used_q, used_k, table = ext or (None, None, None, None)
+        num_splits, used_q, used_k, table = ext or _NO_EXT
         return torch.ops.fa4_aot.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0,
                                      max_seqlen_k or 0, causal, softmax_scale,
                                      left if local else -1, right if local else -1, scheduler,
@@ -833,7 +841,6 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         max_seqlen_k = None
     window = (_NO_WINDOW if window_left < 0 and window_right < 0
               else (window_left, window_right))
-    ext = (None if not num_splits and seqused_q is None and seqused_k is None
-           and page_table is None else (num_splits or None, seqused_q, seqused_k, page_table))
+    ext = _extras(num_splits or None, seqused_q, seqused_k, page_table)
     return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                  softmax_scale, window, scheduler, softcap, None, None, True, ext)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
     not HAS_SM90, reason="needs an sm_90 (Hopper) GPU: the shipped sm_90a cubins run only there")
 
 
-def _paged(k, v, used, page_size, seed=0):
+def _paged(k, v, page_size, seed=0):
     """Scatter dense (b, sk, hk, d) k/v into a shuffled page pool. Returns the caches, the
     page table and the gathered contiguous copies (for references)."""
     b, sk, hk, d = k.shape
@@ -53,7 +53,7 @@ def test_paged_decode_matches_reference(page_size, group):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, h // group, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    kc, vc, table = _paged(k, v, used, page_size)
+    kc, vc, table = _paged(k, v, page_size)
     seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     out, lse = fa4_aot.attention(q, kc, vc, causal=True, return_lse=True, page_table=table,
@@ -71,7 +71,7 @@ def test_paged_split_kv(num_splits):
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    kc, vc, table = _paged(k, v, used, 16)
+    kc, vc, table = _paged(k, v, 16)
     seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
     out, lse = fa4_aot.attention(q, kc, vc, causal=True, return_lse=True, page_table=table,
                                  seqused_k=seqused, num_splits=num_splits)
@@ -87,7 +87,7 @@ def test_chunked_prefill_varlen_q_against_paged_kv(lens_q, lens_k):
     b = len(lens_q)
     k = torch.randn(b, max(lens_k), hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    kc, vc, table = _paged(k, v, lens_k, ps)
+    kc, vc, table = _paged(k, v, ps)
     q = torch.randn(sum(lens_q), h, d, device="cuda", dtype=torch.bfloat16)
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
                         device="cuda")
@@ -110,7 +110,7 @@ def test_paged_graph_capture_and_custom_op():
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     used = [sk] * b
-    kc, vc, table = _paged(k, v, used, 64)
+    kc, vc, table = _paged(k, v, 64)
     seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
     ref = fa4_aot.attention(q, kc, vc, causal=True, page_table=table, seqused_k=seqused)
     s = torch.cuda.Stream()
