@@ -46,15 +46,23 @@ class Tile:
     pingpong: bool = True
 
 
-# Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile.
+# Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
+# hd64 takes three (192 rows, 160 registers each, no ping-pong: FA4's hd64 tile): 2x32x8k
+# 423 -> 485 TFLOP/s against the 128-row tile (docs/perf-notes.md v12).
 TILES = {
-    "sm_90a": {64: Tile(m=128, n=128, kv_stages=3),
+    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, pingpong=False),
                96: Tile(m=128, n=128, kv_stages=2),
                128: Tile(m=128, n=128, kv_stages=2),
                192: Tile(m=128, n=112, kv_stages=2),
                256: Tile(m=128, n=80, kv_stages=2)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
+
+# The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
+# (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
+# more than it gains (``schedule.prefer_m128``: causal S = 1k, 290 against 250 TFLOP/s), and
+# the wide decode kernels (their 128-row packed tiles are unchanged).
+TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
@@ -92,6 +100,8 @@ class KernelConfig:
     wide: bool = False
     # "fwd": the attention forward; "combine": the split-KV merge (fp32 partials -> output).
     kind: str = "fwd"
+    # The 128-row alternative tile (TILES_M128) of a head dim whose main tile is taller.
+    m128: bool = False
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -112,15 +122,22 @@ class KernelConfig:
             raise ValueError("decode and combine kernels exist on sm_90a only")
         if self.wide and not self.decode:
             raise ValueError("wide is a variant of the decode kernels")
+        if self.m128 and (self.head_dim not in TILES_M128.get(self.arch, {}) or self.decode):
+            raise ValueError(f"m128 is the 128-row alternative of the prefill tiles "
+                             f"{sorted(TILES_M128.get(self.arch, {}))} on {self.arch}")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
 
     @property
     def tile(self) -> Tile:
-        """The tile of (arch, head_dim) (decode kernels: DECODE_TILES, or the prefill tile when
-        ``wide``)."""
-        return (DECODE_TILES if self.decode and not self.wide else TILES[self.arch])[self.head_dim]
+        """The tile of (arch, head_dim): TILES; DECODE_TILES for the decode kernels; the
+        128-row one (TILES_M128, else TILES) for ``m128`` and the wide decode kernels."""
+        if self.decode and not self.wide:
+            return DECODE_TILES[self.head_dim]
+        if self.m128 or self.wide:
+            return TILES_M128.get(self.arch, {}).get(self.head_dim) or TILES[self.arch][self.head_dim]
+        return TILES[self.arch][self.head_dim]
 
     @property
     def threads(self) -> int:
@@ -147,7 +164,7 @@ class KernelConfig:
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
-                self.trace, self.softcap, self.decode, self.wide, self.kind)
+                self.trace, self.softcap, self.decode, self.wide, self.kind, self.m128)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -173,6 +190,8 @@ def _space() -> Iterable[KernelConfig]:
                         for sched in SOFTCAP_SCHEDULERS:
                             yield KernelConfig(arch, dtype, hd, causal, sched, local=local,
                                                softcap=True)
+                    if hd in TILES_M128.get(arch, {}) and not local:
+                        yield KernelConfig(arch, dtype, hd, causal, "steal", m128=True)
     # Decode / short-query kernels (packed GQA + split-KV; softcap at run time) and the
     # split-KV combine.
     for dtype in DTYPES:

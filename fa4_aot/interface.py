@@ -27,11 +27,11 @@ from typing import NamedTuple
 
 from . import runtime
 from .abi import KV_CHUNK
-from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS
+from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128
 from .decode import MAX_PACKED_ROWS, MAX_SPLITS, choose_num_splits, use_decode_kernels
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
-from .schedule import choose_section
+from .schedule import choose_section, prefer_m128
 
 try:
     import torch
@@ -139,10 +139,12 @@ def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
                   trace: bool = False, local: bool = False, softcap: bool = False,
-                  kind: str = "fwd", decode: bool = False, wide: bool = False):
+                  kind: str = "fwd", decode: bool = False, wide: bool = False,
+                  m128: bool = False):
     """(manifest name, record) of the kernel for this device and problem. ``decode``: the
     packed-GQA / split-KV / paged kernels (work stealing; softcap at run time; ``wide``: their
-    128-row form for many packed rows); ``kind="combine"``: the split-KV merge."""
+    128-row form for many packed rows); ``kind="combine"``: the split-KV merge; ``m128``: the
+    128-row alternative of a taller prefill tile (configs.TILES_M128)."""
     arch = _device_arch(device)
     if kind == "combine" or decode:
         if arch != "sm_90a":
@@ -159,8 +161,26 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
             f"softcap is not supported on {arch}" if arch != "sm_90a" else
             "softcap kernels exist for scheduler 'auto', "
             + ", ".join(repr(s) for s in SOFTCAP_SCHEDULERS) + f"; got scheduler={scheduler!r}")
+    extra = {"m128": True} if m128 else {}
     return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, sched,
-                                trace=trace, local=local, softcap=softcap)
+                                trace=trace, local=local, softcap=softcap, **extra)
+
+
+def _m128_instead(c: "Call", rec: dict):
+    """The 128-row alternative of ``rec``'s taller tile, (name, record), when the call is cheaper
+    on it (full/causal work-stealing calls: :func:`fa4_aot.schedule.prefer_m128`); else None
+    (also when the manifest was built without it)."""
+    cfg, tile = rec["config"], rec["launch"]["tile"]
+    if (c.local or c.softcap > 0 or c.trace or cfg["scheduler"] != "steal" or tile["m"] <= 128
+            or cfg["head_dim"] not in TILES_M128.get(cfg["arch"], {})):
+        return None
+    if not prefer_m128(tile["m"], tile["n"], c.seqlen_q, c.seqlen_k, c.causal,
+                       c.heads * c.batch, num_sms(c.device)):
+        return None
+    try:
+        return select_kernel(c.device, c.dtype, c.head_dim, c.causal, c.scheduler, m128=True)
+    except ValueError:
+        return None
 
 
 def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0, paged=False):
@@ -477,6 +497,7 @@ def derive_launches(c: Call) -> CallPlan:
     else:  # a window is its own kernel (causal windows are local with window_right = 0)
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
                                   c.softcap > 0)
+        name, rec = _m128_instead(c, rec) or (name, rec)
     launch = rec["launch"]
     if ((c.varlen or c.local or c.seqused_q or c.seqused_k)
             and not any(p["name"] == "seq_mode" for p in launch["params"])):

@@ -61,3 +61,31 @@ def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k
     else:
         hi = seqlen_k
     return max(0, -(-hi // tile_n))
+
+
+# What a taller m tile gains per unit of work on sm_90a (hd64, 192 against 128 rows: 2x32x8k
+# non-causal 485 / 423 TFLOP/s = 1.15 in one run, docs/perf-notes.md v12), taken a little low.
+TALL_TILE_GAIN = 1.12
+
+
+def tile_cost(tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
+              pairs: int, sms: int) -> float:
+    """Work of one launch in (row x key block) units, as the SMs see it: the tiles' rows
+    (padding included) times the key blocks each visits, spread over ``sms`` persistent CTAs
+    but never less than the largest tile."""
+    per_pair, largest = 0, 0
+    for m in range(-(-seqlen_q // tile_m)):
+        w = tile_m * num_n_blocks(m, tile_m, tile_n, seqlen_q, seqlen_k, causal)
+        per_pair += w
+        largest = max(largest, w)
+    return max(per_pair * pairs / sms, largest)
+
+
+def prefer_m128(tall_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
+                pairs: int, sms: int) -> bool:
+    """Whether the 128-row alternative beats a ``tall_m``-row tile (full or causal masks;
+    ``pairs`` = heads x batch): it does where rounding the sequence to the taller tile adds
+    more work than :data:`TALL_TILE_GAIN` pays back (causal S = 1k: a third more; 8k: 3 %)."""
+    short = tile_cost(128, tile_n, seqlen_q, seqlen_k, causal, pairs, sms)
+    tall = tile_cost(tall_m, tile_n, seqlen_q, seqlen_k, causal, pairs, sms)
+    return short < tall / TALL_TILE_GAIN

@@ -82,7 +82,7 @@ def test_fingerprint_depends_on_the_candidate_set():
 
 # --------------------------------------------------------------------------- real build
 
-NAME = "fwd_sm_90a_fp16_hd64_full_single_m128n128s3"
+NAME = "fwd_sm_90a_fp16_hd64_full_single_m192n128s4"
 NO_DSL = "nvidia-cutlass-dsl not installed (make test installs it)"
 
 

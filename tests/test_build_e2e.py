@@ -21,7 +21,7 @@ def _build(*args, timeout=900):
 
 
 def test_one_configuration_end_to_end(tmp_path):
-    name = "fwd_sm_90a_fp16_hd64_full_single_m128n128s3"
+    name = "fwd_sm_90a_fp16_hd64_full_single_m192n128s4"
     r = _build("--ptxas", "13.1", "--out", str(tmp_path), "--only", f"^{name}$", "--jobs", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     progress = [ln for ln in r.stdout.splitlines() if ln.startswith("[")]

@@ -83,3 +83,46 @@ def test_num_n_blocks_causal_bottom_right():
     assert num_n_blocks(0, 128, 128, 300, 100, True) == 0   # rows 0..127 see no key
     assert num_n_blocks(2, 128, 128, 300, 100, True) == 1
     assert num_n_blocks(5, 128, 128, 1000, 1000, False) == 8
+
+
+def test_hd64_tall_tile_and_its_128_row_alternative():
+    from fa4_aot.configs import CONFIG_SPACE, TILES, TILES_M128
+    assert TILES["sm_90a"][64].m == 192 and TILES_M128["sm_90a"][64].m == 128
+    alt = KernelConfig("sm_90a", "bf16", 64, True, "steal", m128=True)
+    assert alt.name == "fwd_sm_90a_bf16_hd64_causal_steal_m128n128s3" and alt.threads == 384
+    assert KernelConfig("sm_90a", "bf16", 64, True, "steal").threads == 512
+    assert alt.key != KernelConfig("sm_90a", "bf16", 64, True, "steal").key
+    # the wide decode kernels keep the 128-row tile
+    assert KernelConfig("sm_90a", "bf16", 64, False, "steal", decode=True, wide=True).tile.m == 128
+    for bad in (dict(head_dim=128), dict(decode=True)):
+        with pytest.raises(ValueError, match="m128"):
+            KernelConfig(**{**dict(arch="sm_90a", dtype="bf16", head_dim=64, causal=False,
+                                   scheduler="steal", m128=True), **bad})
+    alts = [c for c in CONFIG_SPACE if c.m128]
+    assert sorted((c.dtype, c.causal, c.scheduler, c.local, c.softcap) for c in alts) == [
+        (dt, causal, "steal", False, False) for dt in ("bf16", "fp16") for causal in (False, True)]
+
+
+@pytest.mark.parametrize("s,causal,pairs,short", [
+    (1024, True, 512, True),     # causal 1k: a third more work on 192-row tiles
+    (1024, False, 512, True),    # 1152 rows for 1024
+    (2048, True, 256, False),
+    (8192, True, 64, False),
+    (8192, False, 64, False),
+    (2048, True, 8, True),       # one wave either way: the largest tile decides
+    (4096, False, 1, True),      # 32 tiles or 22 on 132 SMs: the smaller tile finishes first
+    (4096, False, 32, False),
+])
+def test_prefer_m128(s, causal, pairs, short):
+    from fa4_aot.schedule import prefer_m128
+    assert prefer_m128(192, 128, s, s, causal, pairs, 132) is short
+
+
+def test_tile_cost_counts_rows_times_blocks():
+    from fa4_aot.schedule import tile_cost
+    # 1k causal on 128-row tiles: blocks 1..8 per m-block, 128 rows each, one pair on 1 SM
+    assert tile_cost(128, 128, 1024, 1024, True, 1, 1) == 128 * 36
+    # 192-row tiles: 2, 3, 5, 6, 8, 8 blocks (the last tile holds 64 rows, padded to 192)
+    assert tile_cost(192, 128, 1024, 1024, True, 1, 1) == 192 * 32
+    # many SMs: never below the largest tile
+    assert tile_cost(192, 128, 1024, 1024, True, 1, 132) == 192 * 8

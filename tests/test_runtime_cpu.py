@@ -618,3 +618,24 @@ def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch,
             _, ref, got = _reference_buffer(drv.launches[-1], kl.record, values,
                                             {"q": q, "k": k, "v": k})
             assert ref == got
+
+
+@pytest.mark.parametrize("s,causal,kw,m", [
+    (1024, True, {}, 128),                       # auto (steal): the 128-row alternative
+    (4096, True, {}, 192),
+    (1024, False, {}, 128),
+    (1024, True, {"scheduler": "single"}, 192),   # alternatives exist for steal only
+    (1024, True, {"window_size": (256, 0)}, 192),  # and not for windows
+    (1024, True, {"softcap": 30.0}, 192),
+])
+def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
+    """hd64 prefill runs on 192-row tiles unless schedule.prefer_m128 says the 128-row
+    alternative costs less (full/causal work stealing only)."""
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    q, k, v = _dense(b=2, sq=s, sk=s, h=16, hk=16, d=64)
+    with torch.no_grad():
+        fa4_aot.attention(q, k, v, causal=causal, **kw)
+    (entry,) = interface._tls.memo.values()
+    (kl,) = interface.derive_launches(entry.call).launches
+    assert kl.record["launch"]["tile"]["m"] == m, kl.name

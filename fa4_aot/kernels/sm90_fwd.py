@@ -107,6 +107,14 @@ def _tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+def _in_order(a, b):
+    return a, b
+
+
+def _swapped(a, b):
+    return b, a
+
+
 def _frag_row(tidx, r):
     """Row (inside the m tile) of row ``r`` (0 or 1) of a wgmma m64 accumulator held by
     consumer thread ``tidx``: warpgroup * 64 + warp * 16 + lane / 4 + 8 * r."""
@@ -176,11 +184,14 @@ class FlashFwdSm90:
         assert self.threads == 128 * (1 + self.num_mma_wg)
         # setmaxnreg moves registers inside the CTA's allocation (ptxas gives each thread
         # 64 K / threads, rounded down to 8): what the producer warpgroup gives up must cover
-        # what the MMA warpgroups take (the build checks it: 128 * (168 - 24) = 256 * (240 -
-        # 168) with two MMA warpgroups). With one (the decode kernels, 256 threads) the
-        # producer, which also looks up pages, keeps 56.
+        # what the MMA warpgroups take (the build checks it, inspect_cubin.register_budget_problem).
+        # Two MMA warpgroups: 128 * (168 - 24) = 256 * (240 - 168). Three (192-row tiles): 128
+        # each, the producer's 104 spread over 384 threads -> 160. One (the decode kernels, 256
+        # threads): the producer, which also looks up pages, keeps 56.
         self.producer_regs = 56 if self.num_mma_wg == 1 else 24
-        self.mma_regs = 240
+        base = (65536 // self.threads) // 8 * 8
+        spare = (base - self.producer_regs) // self.num_mma_wg
+        self.mma_regs = min(240, (base + spare) // 8 * 8)
         self.binfo = BlockInfo(self.tile_m, self.tile_n, self.causal, self.local)
         self.intra_wg_overlap = cfg.tile.overlap
         self.pingpong = cfg.tile.pingpong and self.num_mma_wg == 2
@@ -417,7 +428,7 @@ class FlashFwdSm90:
                 if not valid:
                     n_max = n_min
                 if cutlass.const_expr(self.decode):
-                    # Paged KV: lane c holds the page and the row of chunk c of a block, looked
+                    # Paged KV: lane c holds the page and the row of box c of a block, looked
                     # up one block ahead (the table read's latency stays off the issue path);
                     # K and V share them.
                     page_nxt, row_nxt = self.block_pages(n_max - 1, t, ptrs, strides, shape)
@@ -525,18 +536,13 @@ class FlashFwdSm90:
             for is_v in cutlass.range_constexpr(2):
                 if cutlass.const_expr(which[is_v]):
                     tma, tX, sX, bar = loads[is_v]
-                    if cutlass.const_expr(is_v == 1):
-                        g = cute.local_tile(
-                            cute.domain_offset((0, row), tX[None, None, kv_head, page]),
-                            (self.hd, KV_CHUNK), (0, 0))
-                        sc = cute.local_tile(sX[None, None, stage], (self.hd, KV_CHUNK),
-                                             (0, c * step))
-                    else:
-                        g = cute.local_tile(
-                            cute.domain_offset((row, 0), tX[None, None, kv_head, page]),
-                            (KV_CHUNK, self.hd), (0, 0))
-                        sc = cute.local_tile(sX[None, None, stage], (KV_CHUNK, self.hd),
-                                             (c * step, 0))
+                    # K is (keys, d); V is seen as (d, keys): the same box, coordinates swapped.
+                    kd = _swapped if is_v == 1 else _in_order
+                    g = cute.local_tile(
+                        cute.domain_offset(kd(row, 0), tX[None, None, kv_head, page]),
+                        kd(KV_CHUNK, self.hd), (0, 0))
+                    sc = cute.local_tile(sX[None, None, stage], kd(KV_CHUNK, self.hd),
+                                         kd(c * step, 0))
                     ts, tg = cpasync.tma_partition(tma, 0, cute.make_layout(1),
                                                    cute.group_modes(sc, 0, 2),
                                                    cute.group_modes(g, 0, 2))
@@ -706,26 +712,41 @@ class FlashFwdSm90:
                 self.apply_mask(f.acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, t, shape)
                 self.online_softmax(f, scale_log2)
                 self.convert_p(f)
-                for i in cutlass.range(1, n_max - n_min, unroll=1):
-                    col0 = (n_max - 1 - i) * self.tile_n
-                    pipe_k.consumer_wait(k_state)
-                    pipe_v.consumer_wait(v_state)
-                    self.pingpong_wait(wg)
-                    self.gemm_qk(f, k_state.index)
-                    self.gemm_pv(f, v_state.index)
-                    self.pingpong_signal(wg)
-                    warpgroup.wait_group(1)
-                    pipe_k.consumer_release(k_state)
-                    k_state.advance()
-                    self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
-                    if self.block_needs_mask(col0, row0, t, shape):
-                        self.apply_mask(f.acc_S_mn, tidx, col0, row0, t, shape)
-                    self.online_softmax(f, scale_log2)
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(v_state)
-                    v_state.advance()
-                    self.rescale_o(f)
-                    self.convert_p(f)
+                if cutlass.const_expr(self.decode):
+                    # Decode kernels: one loop, the mask test inside (three runs spill in the
+                    # 128-row decode kernels' producer warp, docs/perf-notes.md v12).
+                    for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                        nb = n_max - 2 - i
+                        self.overlap_block(tidx, f, pipes, k_state, v_state, nb, t, shape,
+                                           softmax, self.block_needs_mask(nb * self.tile_n,
+                                                                          row0, t, shape))
+                        k_state.advance()
+                        v_state.advance()
+                else:
+                    # Prefill kernels: the other blocks (n_max - 2 down to n_min) in three runs:
+                    # those that need the mask near the diagonal / sequence end, the unmasked
+                    # steady state (its own loop without the mask test, so ptxas schedules the
+                    # row max ahead of the wait for the PV wgmma, docs/perf-notes.md v12), those
+                    # below a window's left edge.
+                    u_lo, u_hi = self.unmasked_blocks(n_min, n_max, t, shape)
+                    top = cutlass.min(u_hi, n_max - 1)
+                    for i in cutlass.range(n_max - 1 - cutlass.max(u_hi, n_min), unroll=1):
+                        self.overlap_block(tidx, f, pipes, k_state, v_state, n_max - 2 - i, t,
+                                           shape, softmax, True)
+                        k_state.advance()
+                        v_state.advance()
+                    for i in cutlass.range(top - u_lo, unroll=1):
+                        self.overlap_block(tidx, f, pipes, k_state, v_state, top - 1 - i, t,
+                                           shape, softmax, False)
+                        k_state.advance()
+                        v_state.advance()
+                    if cutlass.const_expr(self.local):
+                        bottom = cutlass.min(u_lo, top)
+                        for i in cutlass.range(bottom - n_min, unroll=1):
+                            self.overlap_block(tidx, f, pipes, k_state, v_state, bottom - 1 - i,
+                                               t, shape, softmax, True)
+                            k_state.advance()
+                            v_state.advance()
                 # Last PV.
                 self.pv_alone(wg, f, pipe_v, v_state)
                 v_state.advance()
@@ -743,6 +764,58 @@ class FlashFwdSm90:
                 self.pv_alone(wg, f, pipe_v, v_state)
                 v_state.advance()
         return k_state, v_state
+
+    def overlap_block(self, tidx, f: _Frags, pipes, k_state, v_state, n_block, t: _Tile,
+                      shape: Shape, softmax: Softmax, masked: bool):
+        """One steady-state step of the overlapped mainloop: S = Q K(n_block)^T and O += P V of
+        the previous block issued together, the softmax of S while the PV wgmma runs, then O
+        rescaled and P converted. ``masked``: apply the mask (a Python bool: decided at
+        compile time; else a run-time test). The caller
+        advances both pipeline states (see :meth:`qk_alone`).
+
+        With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
+        K's): the tensor cores work on S meanwhile, and the other warpgroup's turn does not
+        wait on this one's V. Without (three MMA warpgroups, decode) both are waited for first,
+        which measured 3-4 % faster there (docs/perf-notes.md v12)."""
+        pipe_k, pipe_v = pipes
+        wg = tidx // 128
+        pipe_k.consumer_wait(k_state)
+        if cutlass.const_expr(not self.pingpong):
+            pipe_v.consumer_wait(v_state)
+        self.pingpong_wait(wg)
+        self.gemm_qk(f, k_state.index)
+        if cutlass.const_expr(self.pingpong):
+            pipe_v.consumer_wait(v_state)
+        self.gemm_pv(f, v_state.index)
+        self.pingpong_signal(wg)
+        warpgroup.wait_group(1)
+        pipe_k.consumer_release(k_state)
+        self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
+        if cutlass.const_expr(isinstance(masked, bool)):
+            if cutlass.const_expr(masked):
+                self.apply_mask(f.acc_S_mn, tidx, n_block * self.tile_n,
+                                t.m_block * self.tile_m, t, shape)
+        else:
+            self.mask_if(masked, f.acc_S_mn, tidx, n_block * self.tile_n,
+                         t.m_block * self.tile_m, t, shape)
+        self.online_softmax(f, softmax.softmax_scale_log2)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+        self.rescale_o(f)
+        self.convert_p(f)
+
+    @cute.jit
+    def mask_if(self, need, acc_S_mn, tidx, col0, row0, t: _Tile, shape: Shape):
+        """apply_mask when the run-time flag ``need`` is set."""
+        if need:
+            self.apply_mask(acc_S_mn, tidx, col0, row0, t, shape)
+
+    @cute.jit
+    def unmasked_blocks(self, n_min, n_max, t: _Tile, shape: Shape):
+        """[u_lo, u_hi): the tile's key blocks that need no mask (BlockInfo.unmasked_range)."""
+        s_lo, s_hi = self.seq_rows(t.m_block * self.tile_m, shape)
+        return self.binfo.unmasked_range(n_min, n_max, s_lo, s_hi, t.sq, t.sk, shape.window_left,
+                                         shape.window_right)
 
     @cute.jit
     def block_needs_mask(self, col0, row0, t: _Tile, shape: Shape):

@@ -11,6 +11,7 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 ``pp`` / ``nopp``    the sm_90a warpgroup ping-pong on / off
 ``sN``               N K/V pipeline stages
 ``nN``               an n tile of N keys (a multiple of 16)
+``mN``               an m tile of N rows (64, 128 or 192 on sm_90a: one MMA warpgroup per 64)
 
 How: the tile tables (``configs.TILES`` and ``DECODE_TILES``) are patched in this process and,
 through ``$FA4_AOT_EXPERIMENT_VARIANT``, in every compile worker, and then the ordinary build
@@ -49,10 +50,12 @@ def tile_overrides(variant: str) -> dict:
             out["pingpong"] = tok == "pp"
         elif re.fullmatch(r"s[1-9]", tok):
             out["kv_stages"] = int(tok[1:])
+        elif re.fullmatch(r"m(64|128|192)", tok):
+            out["m"] = int(tok[1:])
         elif re.fullmatch(r"n(16|32|48|64|80|96|112|128|144|160|176|192)", tok):
             out["n"] = int(tok[1:])
         else:
-            raise ValueError(f"unknown kernel variant token {tok!r} (ovl, noovl, pp, nopp, sN, nN)")
+            raise ValueError(f"unknown kernel variant token {tok!r} (ovl, noovl, pp, nopp, sN, nN, mN)")
     return out
 
 

@@ -68,6 +68,25 @@ class BlockInfo:
         return need
 
     @cute.jit
+    def unmasked_range(self, n_min, n_max, row_lo, row_hi, sq, sk, window_left=None,
+                       window_right=None):
+        """[u_lo, u_hi) inside [n_min, n_max): the key blocks that need no mask for any query
+        row of [row_lo, row_hi] (:meth:`block_needs_mask` is False exactly there). Lets a
+        kernel run its steady state in a loop without the mask test (one basic block, which
+        ptxas schedules better)."""
+        hi_col = sk
+        if cutlass.const_expr(self.causal):
+            hi_col = cutlass.min(sk, row_lo + sk - sq + 1)
+        if cutlass.const_expr(self.local):
+            hi_col = cutlass.min(sk, row_lo + sk - sq + window_right + 1)
+        u_hi = cutlass.min(n_max, cutlass.max(n_min, cutlass.max(hi_col, Int32(0)) // self.tile_n))
+        u_lo = n_min
+        if cutlass.const_expr(self.local):
+            lo_col = cutlass.max(row_hi + sk - sq - window_left, Int32(0))
+            u_lo = cutlass.min(u_hi, cutlass.max(n_min, (lo_col + self.tile_n - 1) // self.tile_n))
+        return u_lo, u_hi
+
+    @cute.jit
     def col_limits(self, row, col_base, sq, sk, window_left=None, window_right=None):
         """(lo, hi): column ``col_base + c`` is visible to query row ``row`` iff
         ``lo <= c < hi`` (``lo`` is :data:`NO_LOWER_BOUND` unless the mask is local).

@@ -1,0 +1,86 @@
+"""In-process A/B of artifact folders: variants taken in turn every round in one process, so
+clock and thermal drift hit them alike (separate processes moved ±5 % between runs).
+
+    python tools/experiments/ab_artifacts.py base=artifacts vl=.exp/h128 \\
+        --shapes '2,16,8192,128;2,16,8192,128,c' --rounds 9
+
+A variant folder may hold only the kernels it changes (built with tools/experiments/
+variants.py --only ...); every call of a shape must find its kernel there. Outputs are
+compared bitwise against the first variant's. Prints median TFLOP/s per variant and the ratio
+to the first (with the spread over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import fa4_aot  # noqa: E402
+from fa4_aot import interface, manifest, runtime  # noqa: E402
+from bench.benchlib import visible_pairs  # noqa: E402
+
+
+class Variant:
+    def __init__(self, name: str, root: str):
+        self.name, self.man = name, manifest.load_manifest(str(Path(root).resolve()))
+        self.modules, self.plans = {}, {}
+
+    def enter(self):
+        """Point the runtime at this folder (its own kernel and plan caches; a fresh memo)."""
+        runtime._modules, runtime._plans = self.modules, self.plans
+        interface.load_manifest = lambda root=None: self.man
+        interface.clear_memo()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("variants", nargs="+", help="name=artifacts folder")
+    ap.add_argument("--shapes", required=True, help="B,H,S,D[,c] separated by ';'")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args(argv)
+    variants = [Variant(*v.split("=", 1)) for v in a.variants]
+    print(f"{'shape':24s}" + "".join(f"{v.name:>18s}" for v in variants))
+    for spec in a.shapes.split(";"):
+        f = spec.split(",")
+        b, h, s, d = (int(x) for x in f[:4])
+        causal = len(f) > 4 and f[4] == "c"
+        sets = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(3)) for _ in range(2)]
+        flops = 4 * b * h * d * visible_pairs(s, s, causal)
+        ref, times = None, {v.name: [] for v in variants}
+        for r in range(a.rounds):
+            order = variants if r % 2 == 0 else variants[::-1]
+            for v in order:
+                v.enter()
+                with torch.no_grad():
+                    out = fa4_aot.attention(*sets[0], causal=causal)
+                    if ref is None:
+                        ref = out
+                    elif r == 0 and not torch.equal(out, ref):
+                        print(f"  {v.name}: output differs from {variants[0].name} "
+                              f"(max {(out.float() - ref.float()).abs().max().item():.3g})")
+                    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+                    start.record()
+                    for i in range(a.iters):
+                        fa4_aot.attention(*sets[i % 2], causal=causal)
+                    end.record()
+                    torch.cuda.synchronize()
+                times[v.name].append(start.elapsed_time(end) / a.iters)
+        base = statistics.median(times[variants[0].name])
+        cells = []
+        for v in variants:
+            t = statistics.median(times[v.name])
+            cells.append(f"{flops / t / 1e9:7.1f} ({base / t:.3f})")
+        label = f"{b}x{h}x{s}x{d}{' c' if causal else ''}"
+        print(f"{label:24s}" + "".join(f"{c:>18s}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
