@@ -31,7 +31,8 @@ bad_offsets = {
 for name, cu in bad_offsets.items():
     cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
     for causal in (False, True):
-        for max_q in (1, 64, 256):  # decode kernels (packed GQA) and the 128-row kernels
+        # decode kernels (packed GQA), the 128-row kernels, the compact varlen tile order (1024)
+        for max_q in (1, 64, 256, 1024):
             fa4_aot.attention(q, k, v, causal=causal, cu_seqlens_q=cu_t, cu_seqlens_k=cu_t,
                               max_seqlen_q=max_q, max_seqlen_k=64, return_lse=True)
 # Paged KV: page indices outside the pool, a table narrower than seqused_k, seqused_k huge.

@@ -137,7 +137,8 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
                            "packed GQA)"),
              ("num_splits", "split-KV: key ranges per tile (1 = no split)"),
              ("acc_rows", "split-KV: rows of the partial buffers (batch * seqlen_q, or total_q)"),
-             ("seq_mode", "bit 1: varlen (cu_seqlens); bit 2: seqused_q; bit 4: seqused_k"),
+             ("seq_mode", "bit 1: varlen (cu_seqlens); bit 2: seqused_q; bit 4: seqused_k; "
+                          "bit 8: packed k/v; bit 16: varlen tiles counted compactly"),
              ("window_left", "local mask: keys visible down to row + sk - sq - window_left"),
              ("window_right", "local mask: keys visible up to row + sk - sq + window_right"),
              ("page_size", "paged KV: keys per page (a multiple of 16); 0 = contiguous K/V"),

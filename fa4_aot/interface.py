@@ -516,6 +516,11 @@ def derive_launches(c: Call) -> CallPlan:
         splits = 1
         section = _section(h, b, sk, d, c.elem_bytes, g)
     num_tiles = tiles * splits
+    # Varlen prefill whose (document x m-block) grid is mostly empty (one long document among
+    # short ones): the kernel counts only the non-empty tiles (seq_mode bit 16). At most
+    # ceil(q_rows / tile_m) + batch m-blocks per head hold rows.
+    compact = (c.varlen and not decode
+               and b * num_m_blocks >= 2 * (-(-q_rows // tile_m) + b))
     if num_tiles == 0:
         return CallPlan(out_shape, lse_shape, _NOTHING, ())
     o_stride = c.out[1]
@@ -545,8 +550,9 @@ def derive_launches(c: Call) -> CallPlan:
         "seqused_q": PerCall("seqused_q") if c.seqused_q else 0,
         "seqused_k": PerCall("seqused_k") if c.seqused_k else 0,
         # seq_mode bits (kernels/common/seqlen.py): 1 packed q, 2 seqused_q, 4 seqused_k,
-        # 8 packed k/v
-        "seq_mode": (int(c.varlen) | 2 * c.seqused_q | 4 * c.seqused_k | 8 * packed_k),
+        # 8 packed k/v, 16 compact varlen tiles
+        "seq_mode": (int(c.varlen) | 2 * c.seqused_q | 4 * c.seqused_k | 8 * packed_k
+                     | 16 * compact),
         "window_left": c.window_left if c.window_left >= 0 else unbounded,
         "window_right": c.window_right if c.window_right >= 0 else unbounded,
         "q_stride_s": c.q[1][1], "q_stride_h": c.q[1][2],

@@ -36,6 +36,30 @@ def decode_tile(idx, num_m_blocks, num_heads, section):
     return m_block, head, batch
 
 
+def encode_tile(m_block, head, batch, num_m_blocks, num_heads, section):
+    """(m_block, head, batch) -> linear tile index: the inverse of :func:`decode_tile` (ints
+    and DSL Int32)."""
+    hb = batch * num_heads + head
+    sec = hb // section
+    return (sec * (num_m_blocks * section) + (num_m_blocks - 1 - m_block) * section
+            + (hb - sec * section))
+
+
+def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int) -> list[int]:
+    """Varlen launches with ``seq_mode`` bit 16 (python mirror of the sm_90a producer's
+    ``compact_to_dense``): compact index ``c`` -> the tile index of :func:`decode_tile`'s
+    order. Only non-empty m-blocks are counted: documents in order, each document's m-blocks
+    from the last (the longest under a causal mask) to the first, all heads of an m-block
+    together."""
+    out = []
+    for doc, nb in enumerate(doc_m_blocks):
+        for m_rev in range(nb):
+            for head in range(num_heads):
+                out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
+                                       section))
+    return out
+
+
 def choose_section(num_heads: int, batch: int, seqlen_k: int, head_dim: int, elem_bytes: int,
                    qhead_per_kvhead: int = 1, l2_budget: int = L2_BUDGET_BYTES) -> int:
     """Largest divisor of ``num_heads * batch`` whose K/V working set fits the L2 budget."""

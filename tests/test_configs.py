@@ -126,3 +126,24 @@ def test_tile_cost_counts_rows_times_blocks():
     assert tile_cost(192, 128, 1024, 1024, True, 1, 1) == 192 * 32
     # many SMs: never below the largest tile
     assert tile_cost(192, 128, 1024, 1024, True, 1, 132) == 192 * 8
+
+
+@pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (4, 16, 2)])
+def test_encode_tile_inverts_decode_tile(num_m, heads, batch):
+    from fa4_aot.schedule import encode_tile
+    for section in {d for d in range(1, heads * batch + 1) if (heads * batch) % d == 0}:
+        for idx in range(num_m * heads * batch):
+            assert encode_tile(*decode_tile(idx, num_m, heads, section), num_m, heads,
+                               section) == idx
+
+
+def test_compact_tiles_are_the_non_empty_tiles_once_longest_first():
+    from fa4_aot.schedule import compact_tiles
+    nbs, heads, num_m, section = [3, 0, 1, 2], 2, 3, 4
+    order = compact_tiles(nbs, heads, num_m, section)
+    got = [decode_tile(i, num_m, heads, section) for i in order]
+    assert sorted(got) == sorted((m, h, b) for b, nb in enumerate(nbs) for m in range(nb)
+                                 for h in range(heads))
+    # documents in turn, m-blocks from the last, heads together
+    assert got[:6] == [(2, 0, 0), (2, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0)]
+    assert got[6:8] == [(0, 0, 2), (0, 1, 2)]

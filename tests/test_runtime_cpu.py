@@ -2,6 +2,7 @@
 whole host path (memo, descriptor patching, launch) on CPU tensors with a fake driver
 (tests/fakecuda.py)."""
 
+import itertools
 import struct
 import threading
 
@@ -639,3 +640,20 @@ def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
     (entry,) = interface._tls.memo.values()
     (kl,) = interface.derive_launches(entry.call).launches
     assert kl.record["launch"]["tile"]["m"] == m, kl.name
+
+
+@pytest.mark.parametrize("lens,compact", [([4000] + [50] * 70, True), ([2048] * 4, False),
+                                          ([1] * 20 + [1000], True), ([0, 513, 0], False),
+                                          ([300], False)])
+def test_compact_varlen_bit(monkeypatch, lens, compact):
+    """seq_mode bit 16 when at least half of the (document x m-block) grid must be empty."""
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    q = torch.randn(sum(lens), 4, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        fa4_aot.attention(q, q, q, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                          max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    (entry,) = interface._tls.memo.values()
+    (kl,) = interface.derive_launches(entry.call).launches
+    assert bool(kl.values["seq_mode"] & 16) is compact

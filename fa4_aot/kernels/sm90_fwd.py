@@ -2,9 +2,11 @@
 
 CTA = one producer warpgroup + one MMA warpgroup per 64 rows of the m tile:
 
-* warpgroup 0, the producer (24 registers after ``setmaxnreg``): warp 0 fetches tile indices
-  (see ``tile_sched.py``) and issues the TMA loads of Q (once per tile) and of K and V
-  (one n-block at a time, ``kv_stages`` deep, each on its own ``PipelineTmaAsync``);
+* warpgroup 0, the producer (24 registers after ``setmaxnreg``): warp 1 fetches tile indices
+  (see ``tile_sched.py``; varlen: only the non-empty tiles, ``compact_to_dense``) and hands
+  them to the others through shared-memory slots; warp 0 issues the TMA loads of Q (once per
+  tile) and of K and V (one n-block at a time, ``kv_stages`` deep, each on its own
+  ``PipelineTmaAsync``);
 * the MMA warpgroups (240 registers): each owns 64 rows of the m tile. S = Q K^T with wgmma
   (both operands in shared memory), online softmax in registers, P converted to 16-bit in
   registers and O += P V with wgmma (A from registers).
@@ -51,10 +53,10 @@ from cutlass.tensor_utils import LayoutEnum
 
 from fa4_aot.abi import FWD_SM90, KV_CHUNK
 from fa4_aot.configs import KernelConfig
-from fa4_aot.schedule import decode_tile
+from fa4_aot.schedule import decode_tile, encode_tile
 
-from .common import (SEQ_VARLEN, TREE, BlockInfo, RowView, mask_row, online_softmax_row,
-                     seqlen_info)
+from .common import (SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
+                     mask_row, online_softmax_row, seqlen_info)
 from .tile_sched import TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -257,7 +259,11 @@ class FlashFwdSm90:
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * TILE_SLOTS]
-            tile_slot: cute.struct.MemRange[Int32, TILE_SLOTS]
+            # Per slot: the tile index and its (m_block, head, batch, split), decoded once by
+            # the warp that fetched it (the readers do no division).
+            # ... then (prefill kernels) an mbarrier the producer warp arrives on once a
+            # tile's loads are issued (issued_barrier), 8-byte aligned after the slots.
+            tile_slot: cute.struct.MemRange[Int32, 8 * TILE_SLOTS + 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
@@ -304,16 +310,21 @@ class FlashFwdSm90:
         pipe_tile = pipeline.PipelineAsync.create(
             barrier_storage=storage.mbar_tile.data_ptr(), num_stages=TILE_SLOTS,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.num_mma_wg),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, 128 * self.num_mma_wg + (0 if self.decode else 32)),
             defer_sync=True,
         )
+        if cutlass.const_expr(not self.decode):
+            if tidx == 0:
+                cute.arch.mbarrier_init(self.issued_barrier(
+                    storage.tile_slot.get_tensor(cute.make_layout((8, TILE_SLOTS)))), 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        slots = storage.tile_slot.get_tensor(cute.make_layout(TILE_SLOTS))
+        slots = storage.tile_slot.get_tensor(cute.make_layout((8, TILE_SLOTS)))
         # Packed lengths (the TMA coordinate shapes): varlen offsets are clamped to them.
         totals = (tQ.shape[0], tK.shape[0])
         pipes = (pipe_q, pipe_k, pipe_v, pipe_tile)
@@ -323,6 +334,9 @@ class FlashFwdSm90:
             if warp_idx == 0:
                 self.producer((tma_q, tQ, tma_k, tK, tma_v, tV), (sQ, sK, sV, slots), pipes,
                               ptrs, strides, shape, totals)
+            elif warp_idx == 1:
+                if cutlass.const_expr(not self.decode):
+                    self.tile_fetcher(slots, pipe_tile, ptrs, shape, totals)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, sK, sV, slots), pipes,
@@ -343,10 +357,32 @@ class FlashFwdSm90:
                                            shape.section)
         return m_block, head, batch, Int32(0)
 
-    def tile_info(self, tile, ptrs: Ptrs, shape: Shape, totals) -> _Tile:
-        m_block, head, batch, split = self.tile_coords(tile, shape)
-        return _Tile(m_block, head, batch, split,
-                     *seqlen_info(batch, shape, ptrs, totals, separate_kv=self.decode))
+    def tile_info(self, coords, ptrs: Ptrs, shape: Shape, totals) -> _Tile:
+        """The tile of coordinates (m_block, head, batch, split) (:meth:`tile_coords`)."""
+        return _Tile(*coords, *seqlen_info(coords[2], shape, ptrs, totals,
+                                           separate_kv=self.decode))
+
+    @cute.jit
+    def put_tile(self, slots, idx, tile, shape: Shape):
+        """Writer warp: slot ``idx`` <- the tile index and, for a tile in range, its
+        coordinates; returns them (garbage past the end)."""
+        coords = (Int32(0), Int32(0), Int32(0), Int32(0))
+        if tile < shape.num_tiles:
+            coords = self.tile_coords(tile, shape)
+        if cute.arch.lane_idx() == 0:
+            slots[0, idx] = tile
+            for k in cutlass.range_constexpr(4):
+                slots[1 + k, idx] = coords[k]
+        return coords
+
+    def issued_barrier(self, slots):
+        """The mbarrier after the tile slots (prefill kernels): one arrival per tile whose loads
+        the producer warp has issued."""
+        return cute.recast_ptr(slots.iterator + 8 * TILE_SLOTS, dtype=Int64)
+
+    def get_tile(self, slots, idx):
+        """Reader: (tile index, coordinates) from slot ``idx``."""
+        return slots[0, idx], tuple(slots[1 + k, idx] for k in range(4))
 
     def rows_of(self, t: _Tile, shape: Shape):
         """Rows of the tile's (head, batch) pair: query rows, times the group with packed GQA."""
@@ -386,25 +422,34 @@ class FlashFwdSm90:
             cpasync.prefetch_descriptor(tma_q)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, TILE_SLOTS)
-        lane = cute.arch.lane_idx()
-
+        # Prefill kernels: the tiles come from the fetcher warp. Decode kernels: this warp
+        # fetches them itself and hands them on (after issuing a tile's loads, so the fetch's
+        # latency stays hidden; no compact varlen order there).
+        if cutlass.const_expr(self.decode):
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                      TILE_SLOTS)
+        else:
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                      TILE_SLOTS)
         sched = self.scheduler(ptrs, shape)
         tile = sched.first()
         running = cutlass.Boolean(True)
         while running:
-            if shape.seq_mode & SEQ_VARLEN != 0:
-                tile = self.skip_empty_tiles(tile, ptrs, shape)
-            # Hand the tile index to the consumers (an out-of-range index tells them to stop).
-            pipe_tile.producer_acquire(tile_state)
-            if lane == 0:
-                slots[tile_state.index] = tile
-            pipe_tile.producer_commit(tile_state)
+            if cutlass.const_expr(self.decode):
+                if shape.seq_mode & SEQ_VARLEN != 0:
+                    tile = self.skip_empty_tiles(tile, ptrs, shape)
+                pipe_tile.producer_acquire(tile_state)
+                coords = self.put_tile(slots, tile_state.index, tile, shape)
+                pipe_tile.producer_commit(tile_state)
+            else:
+                pipe_tile.consumer_wait(tile_state)
+                tile, coords = self.get_tile(slots, tile_state.index)
+                pipe_tile.consumer_release(tile_state)
             tile_state.advance()
             if tile >= shape.num_tiles:
                 running = False
             else:
-                t = self.tile_info(tile, ptrs, shape, totals)
+                t = self.tile_info(coords, ptrs, shape, totals)
                 kv_head = t.head
                 if cutlass.const_expr(not self.decode):
                     kv_head = t.head // shape.qhead_per_kvhead
@@ -472,15 +517,122 @@ class FlashFwdSm90:
                         cute.copy(tma_v, tVg[None, n_block], tVs[None, kv_state.index],
                                   tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                         kv_state.advance()
-                # Fetch the next tile once this tile's loads are issued: the consumers are still
-                # kv_stages blocks behind, so the atomic's latency stays hidden, and fewer values
-                # are live here than before the loop (the producer has 24 registers).
-                tile, _ = sched.next(tile)
+                if cutlass.const_expr(self.decode):
+                    # The next tile, once this tile's loads are issued: the consumers are still
+                    # kv_stages blocks behind, so the atomic's latency stays hidden.
+                    tile, _ = sched.next(tile)
+                if cutlass.const_expr(not self.decode):
+                    if not self.compact(shape):
+                        # This tile's loads are issued: the fetcher may take the next one.
+                        if cute.arch.lane_idx() == 0:
+                            cute.arch.mbarrier_arrive(self.issued_barrier(slots))
 
-    def scheduler(self, ptrs: Ptrs, shape: Shape) -> AtomicCounterScheduler:
+    def scheduler(self, ptrs: Ptrs, shape: Shape, num_tiles=None) -> AtomicCounterScheduler:
+        """The tile scheduler over ``num_tiles`` indices (default: the launch's tiles)."""
         return AtomicCounterScheduler(
-            self.sched, TileSchedParams(shape.num_m_blocks, shape.section, shape.num_tiles),
+            self.sched, TileSchedParams(shape.num_m_blocks, shape.section,
+                                        shape.num_tiles if num_tiles is None else num_tiles),
             ptrs.sched_ptr)
+
+    def compact(self, shape: Shape):
+        """Whether the launch counts varlen tiles compactly (seq_mode bit 16; prefill kernels).
+        Read from the parameter each time: the producer keeps no register for it."""
+        if cutlass.const_expr(self.decode):
+            return False
+        return shape.seq_mode & SEQ_COMPACT != 0
+
+    @cute.jit
+    def doc_m_blocks(self, d, ptrs: Ptrs, shape: Shape, totals):
+        """m-blocks of document ``d`` of a varlen prefill launch (0 past the last document):
+        its rows as the consumers see them (offsets clamped, seqused_q applied)."""
+        nb = Int32(0)
+        if d < shape.num_tiles // (shape.num_m_blocks * shape.num_heads):
+            _, rows = clamped_doc(ptrs.cu_seqlens_q, d, totals[0])
+            if shape.seq_mode & SEQ_USED_Q != 0:
+                rows = cutlass.min(rows, cutlass.max(cute.make_tensor(
+                    ptrs.seqused_q + d, cute.make_layout(1))[0], Int32(0)))
+            nb = (rows + self.tile_m - 1) // self.tile_m
+        return nb
+
+    @cute.jit
+    def compact_total(self, ptrs: Ptrs, shape: Shape, totals):
+        """Non-empty tiles of a varlen launch: heads x the documents' m-blocks (warp-wide:
+        lane l sums documents l, l + 32, ...)."""
+        batch = shape.num_tiles // (shape.num_m_blocks * shape.num_heads)
+        s = Int32(0)
+        for i in cutlass.range((batch + 31) // 32, unroll=1):
+            s = s + self.doc_m_blocks(i * 32 + cute.arch.lane_idx(), ptrs, shape, totals)
+        for off in (16, 8, 4, 2, 1):
+            s = s + cute.arch.shuffle_sync_bfly(s, offset=off)
+        return s * shape.num_heads
+
+    @cute.jit
+    def compact_to_dense(self, c, total, doc, doc_base, ptrs: Ptrs, shape: Shape, totals):
+        """Compact index ``c`` -> (tile index, document, its first compact index); the tile
+        index is ``shape.num_tiles`` (stop) when ``c >= total``. The order
+        (schedule.compact_tiles): documents in turn, each one's m-blocks from the last to the
+        first, all heads of an m-block together. The walk starts at the cursor ``doc``: this
+        CTA's indices only grow, so over the launch it reads each document's offsets about
+        once."""
+        dense = shape.num_tiles
+        if c < total:
+            nb = self.doc_m_blocks(doc, ptrs, shape, totals)
+            while c >= doc_base + nb * shape.num_heads:
+                doc_base = doc_base + nb * shape.num_heads
+                doc = doc + 1
+                nb = self.doc_m_blocks(doc, ptrs, shape, totals)
+            r = c - doc_base
+            m_rev = r // shape.num_heads
+            dense = encode_tile(nb - 1 - m_rev, r - m_rev * shape.num_heads, doc,
+                                shape.num_m_blocks, shape.num_heads, shape.section)
+        return dense, doc, doc_base
+
+    @cute.jit
+    def tile_fetcher(self, slots, pipe_tile, ptrs: Ptrs, shape: Shape, totals):
+        """Warp 1 of the producer warpgroup: takes tile indices from the scheduler and hands
+        them to the producer warp and the MMA warpgroups through the tile slots; the last one
+        handed over is out of range (stop). Varlen launches with seq_mode bit 16 (prefill
+        kernels, mostly empty grids) count only the ``total`` non-empty m-blocks: each index
+        becomes the tile index the others decode (compact_to_dense). Other varlen launches
+        skip the m-blocks past a document's end (skip_empty_tiles). A warp of its own: the
+        producer warp has no registers to spare for this."""
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                  TILE_SLOTS)
+        total = shape.num_tiles
+        if self.compact(shape):
+            total = self.compact_total(ptrs, shape, totals)
+        sched = self.scheduler(ptrs, shape, total)
+        c = sched.first()
+        if self.compact(shape):
+            if c >= total:  # every CTA makes its one fetch past the end (counter reset)
+                c, _ = sched.next(c)
+        doc, doc_base = Int32(0), Int32(0)
+        issued_phase = Int32(0)
+        running = cutlass.Boolean(True)
+        while running:
+            tile = c
+            if self.compact(shape):
+                tile, doc, doc_base = self.compact_to_dense(c, total, doc, doc_base, ptrs, shape,
+                                                            totals)
+            elif shape.seq_mode & SEQ_VARLEN != 0:
+                tile = self.skip_empty_tiles(c, ptrs, shape)
+                c = tile
+            pipe_tile.producer_acquire(tile_state)
+            self.put_tile(slots, tile_state.index, tile, shape)
+            pipe_tile.producer_commit(tile_state)
+            tile_state.advance()
+            if tile >= shape.num_tiles:
+                running = False
+            else:
+                if not self.compact(shape):
+                    # Take the next tile once the producer warp has issued this one's loads:
+                    # the CTA claims one tile ahead, as when the producer fetched for itself.
+                    # Claiming two ahead (free slots permitting) cost causal 8k hd128 5 %, while
+                    # compact varlen gains from it (its walk over the documents would be latency
+                    # on the producer's path), docs/perf-notes.md v12.
+                    cute.arch.mbarrier_wait(self.issued_barrier(slots), issued_phase)
+                    issued_phase = issued_phase ^ 1
+                c, _ = sched.next(c)
 
     @cute.jit
     def block_pages(self, n_block, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape):
@@ -551,10 +703,9 @@ class FlashFwdSm90:
     @cute.jit
     def skip_empty_tiles(self, tile, ptrs: Ptrs, shape: Shape):
         """varlen: the grid covers the m-blocks of max_seqlen_q for every document, so the
-        m-blocks past a shorter document's end hold no rows. The producer fetches past them
-        here instead of handing them to the consumers, so their fetches overlap the consumers'
-        current tile. (A cheap test on cu_seqlens_q only: the consumers skip whatever else
-        turns out empty.)"""
+        m-blocks past a shorter document's end hold no rows. The fetcher warp fetches past them
+        here instead of handing them on, so their fetches overlap the current tile. (A cheap
+        test on cu_seqlens_q only: the consumers skip whatever else turns out empty.)"""
         sched = self.scheduler(ptrs, shape)
         empty = tile < shape.num_tiles
         while empty:
@@ -606,7 +757,8 @@ class FlashFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, TILE_SLOTS)
+        tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                  TILE_SLOTS)
 
         wg = tidx // 128  # index among the MMA warpgroups
         if wg == 0 and cutlass.const_expr(self.pingpong):
@@ -616,7 +768,7 @@ class FlashFwdSm90:
         running = cutlass.Boolean(True)
         while running:
             pipe_tile.consumer_wait(tile_state)
-            tile = slots[tile_state.index]
+            tile, coords = self.get_tile(slots, tile_state.index)
             pipe_tile.consumer_release(tile_state)
             tile_state.advance()
             if tile >= shape.num_tiles:
@@ -625,7 +777,7 @@ class FlashFwdSm90:
                 t_start = Int64(0)
                 if cutlass.const_expr(self.trace):
                     t_start = cute.arch.globaltimer()
-                t = self.tile_info(tile, ptrs, shape, totals)
+                t = self.tile_info(coords, ptrs, shape, totals)
                 row0 = t.m_block * self.tile_m
                 if row0 < self.rows_of(t, shape):
                     n_min, n_max = self.n_block_range(t, shape)
@@ -769,9 +921,9 @@ class FlashFwdSm90:
                       shape: Shape, softmax: Softmax, masked: bool):
         """One steady-state step of the overlapped mainloop: S = Q K(n_block)^T and O += P V of
         the previous block issued together, the softmax of S while the PV wgmma runs, then O
-        rescaled and P converted. ``masked``: apply the mask (a Python bool: decided at
-        compile time; else a run-time test). The caller
-        advances both pipeline states (see :meth:`qk_alone`).
+        rescaled and P converted. ``masked``: apply the mask (a Python bool: decided while
+        tracing; else a run-time test). The caller advances both pipeline states (see
+        :meth:`qk_alone`).
 
         With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
         K's): the tensor cores work on S meanwhile, and the other warpgroup's turn does not
@@ -791,13 +943,8 @@ class FlashFwdSm90:
         warpgroup.wait_group(1)
         pipe_k.consumer_release(k_state)
         self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
-        if cutlass.const_expr(isinstance(masked, bool)):
-            if cutlass.const_expr(masked):
-                self.apply_mask(f.acc_S_mn, tidx, n_block * self.tile_n,
-                                t.m_block * self.tile_m, t, shape)
-        else:
-            self.mask_if(masked, f.acc_S_mn, tidx, n_block * self.tile_n,
-                         t.m_block * self.tile_m, t, shape)
+        self.mask_if(masked, f.acc_S_mn, tidx, n_block * self.tile_n, t.m_block * self.tile_m,
+                     t, shape)
         self.online_softmax(f, softmax.softmax_scale_log2)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
@@ -806,7 +953,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def mask_if(self, need, acc_S_mn, tidx, col0, row0, t: _Tile, shape: Shape):
-        """apply_mask when the run-time flag ``need`` is set."""
+        """apply_mask when ``need`` (a Python bool, or a run-time flag) is set."""
         if need:
             self.apply_mask(acc_S_mn, tidx, col0, row0, t, shape)
 

@@ -22,11 +22,12 @@ the host tests run.
             ``gridDim.x + atomicAdd(counter, 1)``: a CTA that finishes early takes the next
             unstarted tile in the global (longest-first) order.
 
-Only the producer warp fetches (ahead of time, while the loads of the current tile are in
-flight) and hands each index to the consumer warps through a small shared-memory pipeline
-(``PipelineAsync``: full/empty mbarriers, ``TILE_SLOTS`` slots). Consumers read a slot only
-after its *full* barrier completed, and the producer rewrites it only after all consumers
-released it, so there is no window where a consumer can read a stale or unwritten index, also
+Only one warp fetches (sm_90a prefill kernels: warp 1 of the producer warpgroup, the fetcher,
+one tile ahead of the load warp — or, for compact varlen grids, as far as the ``TILE_SLOTS``
+slots allow; decode kernels: the load warp itself, once a tile's loads are issued) and hands
+each index to the other warps through a small shared-memory pipeline (``PipelineAsync``:
+full/empty mbarriers, ``TILE_SLOTS`` slots). Readers read a slot only after its *full* barrier completed,
+and the fetcher rewrites it only after all readers released it, so there is no window where a consumer can read a stale or unwritten index, also
 when the grid has more CTAs than tiles (those CTAs receive an out-of-range index first and
 stop at once).
 

@@ -2,7 +2,10 @@
 clock and thermal drift hit them alike (separate processes moved ±5 % between runs).
 
     python tools/experiments/ab_artifacts.py base=artifacts vl=.exp/h128 \\
-        --shapes '2,16,8192,128;2,16,8192,128,c' --rounds 9
+        --shapes '2,16,8192,128;2,16,8192,128,c;docs:16384+512*32,16,128,c' --rounds 9
+
+A shape is ``B,H,S,D[,c]`` (dense, ``c``: causal) or ``docs:LENS,H,D[,c]``: packed documents
+of the ``+``-joined lengths (``N*k``: k documents of N tokens), q/k/v varlen.
 
 A variant folder may hold only the kernels it changes (built with tools/experiments/
 variants.py --only ...); every call of a shape must find its kernel there. Outputs are
@@ -13,6 +16,7 @@ to the first (with the spread over rounds).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -46,21 +50,37 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     a = ap.parse_args(argv)
     variants = [Variant(*v.split("=", 1)) for v in a.variants]
-    print(f"{'shape':24s}" + "".join(f"{v.name:>18s}" for v in variants))
+    print(f"{'shape':34s}" + "".join(f"{v.name:>18s}" for v in variants))
     for spec in a.shapes.split(";"):
-        f = spec.split(",")
-        b, h, s, d = (int(x) for x in f[:4])
-        causal = len(f) > 4 and f[4] == "c"
-        sets = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-                      for _ in range(3)) for _ in range(2)]
-        flops = 4 * b * h * d * visible_pairs(s, s, causal)
+        kw, f = {}, spec.split(",")
+        if spec.startswith("docs:"):
+            lens = [int(n) for tok in f[0][5:].split("+")
+                    for n in ([tok.split("*")[0]] * int(tok.split("*")[1]) if "*" in tok
+                              else [tok])]
+            h, d = int(f[1]), int(f[2])
+            causal = len(f) > 3 and f[3] == "c"
+            cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
+                              device="cuda")
+            kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
+                      max_seqlen_k=max(lens))
+            sets = [tuple(torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16)
+                          for _ in range(3)) for _ in range(2)]
+            flops = 4 * h * d * sum(visible_pairs(n, n, causal) for n in lens)
+            label = f"docs {f[0][5:]} hd{d}{' c' if causal else ''}"
+        else:
+            b, h, s, d = (int(x) for x in f[:4])
+            causal = len(f) > 4 and f[4] == "c"
+            sets = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                          for _ in range(3)) for _ in range(2)]
+            flops = 4 * b * h * d * visible_pairs(s, s, causal)
+            label = f"{b}x{h}x{s}x{d}{' c' if causal else ''}"
         ref, times = None, {v.name: [] for v in variants}
         for r in range(a.rounds):
             order = variants if r % 2 == 0 else variants[::-1]
             for v in order:
                 v.enter()
                 with torch.no_grad():
-                    out = fa4_aot.attention(*sets[0], causal=causal)
+                    out = fa4_aot.attention(*sets[0], causal=causal, **kw)
                     if ref is None:
                         ref = out
                     elif r == 0 and not torch.equal(out, ref):
@@ -69,7 +89,7 @@ def main(argv=None):
                     start, end = torch.cuda.Event(True), torch.cuda.Event(True)
                     start.record()
                     for i in range(a.iters):
-                        fa4_aot.attention(*sets[i % 2], causal=causal)
+                        fa4_aot.attention(*sets[i % 2], causal=causal, **kw)
                     end.record()
                     torch.cuda.synchronize()
                 times[v.name].append(start.elapsed_time(end) / a.iters)
@@ -78,8 +98,7 @@ def main(argv=None):
         for v in variants:
             t = statistics.median(times[v.name])
             cells.append(f"{flops / t / 1e9:7.1f} ({base / t:.3f})")
-        label = f"{b}x{h}x{s}x{d}{' c' if causal else ''}"
-        print(f"{label:24s}" + "".join(f"{c:>18s}" for c in cells), flush=True)
+        print(f"{label:34s}" + "".join(f"{c:>18s}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ Sequence info (``seqlen.py``)
     ``seqlen_info(batch, shape, ptrs=None, totals=None, separate_kv=False)``: a batch entry's
     offsets, lengths and q / k-v batch coordinates; ``shape``/``ptrs`` are the launch-ABI
     groups (``seq_mode`` bits ``SEQ_VARLEN``, ``SEQ_USED_Q``, ``SEQ_USED_K``,
-    ``SEQ_VARLEN_K``: cu_seqlens offsets clamped into the packed lengths ``totals``, seqused
+    ``SEQ_VARLEN_K``, ``SEQ_COMPACT``: cu_seqlens offsets clamped into the packed lengths ``totals``, seqused
     only shortens); ``ptrs=None``: a kernel without varlen.
 
 Output addressing (``output.py``)
@@ -60,11 +60,12 @@ Runtime scalars travel in the launch-ABI groups (``fa4_aot.abi``: ``Ptrs``, ``St
 from .block_info import NO_LOWER_BOUND, BlockInfo
 from .mask import mask_row
 from .output import O_STRIDE_DIVBY, OStrides
-from .seqlen import SEQ_USED_K, SEQ_USED_Q, SEQ_VARLEN, SEQ_VARLEN_K, SeqlenInfo, seqlen_info
+from .seqlen import (SEQ_COMPACT, SEQ_USED_K, SEQ_USED_Q, SEQ_VARLEN, SEQ_VARLEN_K, SeqlenInfo,
+                     clamped_doc, seqlen_info)
 from .softmax import CHAINS4, TREE, RowView, finalize_row, online_softmax_row, tree_reduce
 
 __all__ = [
     "BlockInfo", "NO_LOWER_BOUND", "mask_row", "OStrides", "O_STRIDE_DIVBY", "SeqlenInfo",
-    "seqlen_info", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K", "SEQ_VARLEN_K", "RowView", "tree_reduce", "TREE",
+    "seqlen_info", "clamped_doc", "SEQ_COMPACT", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K", "SEQ_VARLEN_K", "RowView", "tree_reduce", "TREE",
     "CHAINS4", "online_softmax_row", "finalize_row",
 ]

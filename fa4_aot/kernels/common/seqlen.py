@@ -11,8 +11,10 @@ from cutlass import Int32
 # Bits of the launch value ``seq_mode`` (fa4_aot/abi.py): packed q documents (cu_seqlens_q),
 # seqused_q, seqused_k, packed k/v documents (cu_seqlens_k). Plain varlen sets
 # SEQ_VARLEN | SEQ_VARLEN_K; paged KV with packed queries (chunked prefill) sets
-# SEQ_VARLEN | SEQ_USED_K.
-SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K, SEQ_VARLEN_K = 1, 2, 4, 8
+# SEQ_VARLEN | SEQ_USED_K. SEQ_COMPACT (with SEQ_VARLEN, prefill kernels): the tile indices the
+# scheduler hands out count only the non-empty m-blocks of the documents (sm90_fwd.py
+# ``compact_to_dense``).
+SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K, SEQ_VARLEN_K, SEQ_COMPACT = 1, 2, 4, 8, 16
 
 
 class SeqlenInfo(NamedTuple):
