@@ -136,7 +136,8 @@ class KernelConfig:
         if self.decode and not self.wide:
             return DECODE_TILES[self.head_dim]
         if self.m128 or self.wide:
-            return TILES_M128.get(self.arch, {}).get(self.head_dim) or TILES[self.arch][self.head_dim]
+            alt = TILES_M128.get(self.arch, {}).get(self.head_dim)
+            return alt or TILES[self.arch][self.head_dim]
         return TILES[self.arch][self.head_dim]
 
     @property

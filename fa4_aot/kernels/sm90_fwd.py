@@ -186,7 +186,7 @@ class FlashFwdSm90:
         assert self.threads == 128 * (1 + self.num_mma_wg)
         # setmaxnreg moves registers inside the CTA's allocation (ptxas gives each thread
         # 64 K / threads, rounded down to 8): what the producer warpgroup gives up must cover
-        # what the MMA warpgroups take (the build checks it, inspect_cubin.register_budget_problem).
+        # what the MMA warpgroups take (the build checks: inspect_cubin.register_budget_problem).
         # Two MMA warpgroups: 128 * (168 - 24) = 256 * (240 - 168). Three (192-row tiles): 128
         # each, the producer's 104 spread over 384 threads -> 160. One (the decode kernels, 256
         # threads): the producer, which also looks up pages, keeps 56.

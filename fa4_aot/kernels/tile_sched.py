@@ -26,10 +26,10 @@ Only one warp fetches (sm_90a prefill kernels: warp 1 of the producer warpgroup,
 one tile ahead of the load warp — or, for compact varlen grids, as far as the ``TILE_SLOTS``
 slots allow; decode kernels: the load warp itself, once a tile's loads are issued) and hands
 each index to the other warps through a small shared-memory pipeline (``PipelineAsync``:
-full/empty mbarriers, ``TILE_SLOTS`` slots). Readers read a slot only after its *full* barrier completed,
-and the fetcher rewrites it only after all readers released it, so there is no window where a consumer can read a stale or unwritten index, also
-when the grid has more CTAs than tiles (those CTAs receive an out-of-range index first and
-stop at once).
+full/empty mbarriers, ``TILE_SLOTS`` slots). Readers read a slot only after its *full* barrier
+completed, and the fetcher rewrites it only after all readers released it, so there is no
+window where a reader can see a stale or unwritten index, also when the grid has more CTAs
+than tiles (those CTAs receive an out-of-range index first and stop at once).
 
 Counter reuse without a host memset (CUDA-graph replay safe): the counter buffer holds two
 int32 words, ``[next, done]``, zeroed once when the runtime allocates it. Every CTA makes

@@ -44,8 +44,9 @@ Sequence info (``seqlen.py``)
     ``seqlen_info(batch, shape, ptrs=None, totals=None, separate_kv=False)``: a batch entry's
     offsets, lengths and q / k-v batch coordinates; ``shape``/``ptrs`` are the launch-ABI
     groups (``seq_mode`` bits ``SEQ_VARLEN``, ``SEQ_USED_Q``, ``SEQ_USED_K``,
-    ``SEQ_VARLEN_K``, ``SEQ_COMPACT``: cu_seqlens offsets clamped into the packed lengths ``totals``, seqused
-    only shortens); ``ptrs=None``: a kernel without varlen.
+    ``SEQ_VARLEN_K``, ``SEQ_COMPACT``: cu_seqlens offsets clamped into the packed lengths
+    ``totals``, seqused only shortens); ``ptrs=None``: a kernel without varlen.
+    ``clamped_doc(cu_ptr, batch, total)``: one document's (start, length), clamped.
 
 Output addressing (``output.py``)
     ``OStrides(s, h, b)`` (NamedTuple of Int64): ``.assume_aligned()`` attaches the runtime's
@@ -66,6 +67,7 @@ from .softmax import CHAINS4, TREE, RowView, finalize_row, online_softmax_row, t
 
 __all__ = [
     "BlockInfo", "NO_LOWER_BOUND", "mask_row", "OStrides", "O_STRIDE_DIVBY", "SeqlenInfo",
-    "seqlen_info", "clamped_doc", "SEQ_COMPACT", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K", "SEQ_VARLEN_K", "RowView", "tree_reduce", "TREE",
-    "CHAINS4", "online_softmax_row", "finalize_row",
+    "seqlen_info", "clamped_doc", "SEQ_COMPACT", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K",
+    "SEQ_VARLEN_K", "RowView", "tree_reduce", "TREE", "CHAINS4", "online_softmax_row",
+    "finalize_row",
 ]
