@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
+from tools.experiments.prefill_ncu_probe import profile_once  # noqa: E402
 from flash_attn.cute.interface import flash_attn_func  # noqa: E402
 
 for hk in (32, 8):
@@ -22,13 +23,5 @@ for hk in (32, 8):
     v = torch.randn_like(k)
     calls = (lambda: flash_attn_func(q, k, v, causal=True),
              lambda: fa4_aot.attention(q, k, v, causal=True))
-    for _ in range(3):
-        for f in calls:
-            f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for f in calls:
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(calls)
     del q, k, v

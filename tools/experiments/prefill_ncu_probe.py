@@ -18,18 +18,30 @@ try:
 except ImportError:  # fa4_aot alone
     flash_attn_func = None
 
-b, h, s, d = (int(x) for x in sys.argv[1:5])
-causal = len(sys.argv) > 5 and sys.argv[5] == "causal"
-q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-calls = [lambda: fa4_aot.attention(q, k, v, causal=causal)]
-if flash_attn_func is not None:
-    calls.insert(0, lambda: flash_attn_func(q, k, v, causal=causal))
-for _ in range(3):
+
+def profile_once(calls, warmups=3):
+    """Each call ``warmups`` times outside the profiled range, then once each inside it
+    (``ncu --profile-from-start off`` profiles exactly those)."""
+    for _ in range(warmups):
+        for f in calls:
+            f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
     for f in calls:
         f()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for f in calls:
-    f()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def main(argv):
+    b, h, s, d = (int(x) for x in argv[:4])
+    causal = len(argv) > 4 and argv[4] == "causal"
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    calls = [lambda: fa4_aot.attention(q, k, v, causal=causal)]
+    if flash_attn_func is not None:
+        calls.insert(0, lambda: flash_attn_func(q, k, v, causal=causal))
+    profile_once(calls)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
