@@ -363,16 +363,18 @@ class FlashFwdSm90:
                                            separate_kv=self.decode))
 
     @cute.jit
-    def put_tile(self, slots, idx, tile, shape: Shape):
-        """Writer warp: slot ``idx`` <- the tile index and, for a tile in range, its
-        coordinates; returns them (garbage past the end)."""
+    def hand_over(self, pipe_tile, tile_state, slots, tile, shape: Shape):
+        """Writer warp: the next slot (``tile_state``, not advanced here) <- the tile index and,
+        for a tile in range, its coordinates; returns them (garbage past the end)."""
+        pipe_tile.producer_acquire(tile_state)
         coords = (Int32(0), Int32(0), Int32(0), Int32(0))
         if tile < shape.num_tiles:
             coords = self.tile_coords(tile, shape)
         if cute.arch.lane_idx() == 0:
-            slots[0, idx] = tile
+            slots[0, tile_state.index] = tile
             for k in cutlass.range_constexpr(4):
-                slots[1 + k, idx] = coords[k]
+                slots[1 + k, tile_state.index] = coords[k]
+        pipe_tile.producer_commit(tile_state)
         return coords
 
     def issued_barrier(self, slots):
@@ -428,19 +430,18 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.decode):
             tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                       TILE_SLOTS)
+            sched = self.scheduler(ptrs, shape)
+            tile = sched.first()
         else:
             tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                       TILE_SLOTS)
-        sched = self.scheduler(ptrs, shape)
-        tile = sched.first()
+            tile = Int32(0)  # read from the slots at the top of every iteration
         running = cutlass.Boolean(True)
         while running:
             if cutlass.const_expr(self.decode):
                 if shape.seq_mode & SEQ_VARLEN != 0:
                     tile = self.skip_empty_tiles(tile, ptrs, shape)
-                pipe_tile.producer_acquire(tile_state)
-                coords = self.put_tile(slots, tile_state.index, tile, shape)
-                pipe_tile.producer_commit(tile_state)
+                coords = self.hand_over(pipe_tile, tile_state, slots, tile, shape)
             else:
                 pipe_tile.consumer_wait(tile_state)
                 tile, coords = self.get_tile(slots, tile_state.index)
@@ -521,7 +522,7 @@ class FlashFwdSm90:
                     # The next tile, once this tile's loads are issued: the consumers are still
                     # kv_stages blocks behind, so the atomic's latency stays hidden.
                     tile, _ = sched.next(tile)
-                if cutlass.const_expr(not self.decode):
+                else:
                     if not self.compact(shape):
                         # This tile's loads are issued: the fetcher may take the next one.
                         if cute.arch.lane_idx() == 0:
@@ -541,12 +542,16 @@ class FlashFwdSm90:
             return False
         return shape.seq_mode & SEQ_COMPACT != 0
 
+    def num_docs(self, shape: Shape):
+        """Documents of a varlen prefill launch (its tiles are m-blocks x heads x documents)."""
+        return shape.num_tiles // (shape.num_m_blocks * shape.num_heads)
+
     @cute.jit
     def doc_m_blocks(self, d, ptrs: Ptrs, shape: Shape, totals):
         """m-blocks of document ``d`` of a varlen prefill launch (0 past the last document):
         its rows as the consumers see them (offsets clamped, seqused_q applied)."""
         nb = Int32(0)
-        if d < shape.num_tiles // (shape.num_m_blocks * shape.num_heads):
+        if d < self.num_docs(shape):
             _, rows = clamped_doc(ptrs.cu_seqlens_q, d, totals[0])
             if shape.seq_mode & SEQ_USED_Q != 0:
                 rows = cutlass.min(rows, cutlass.max(cute.make_tensor(
@@ -558,9 +563,8 @@ class FlashFwdSm90:
     def compact_total(self, ptrs: Ptrs, shape: Shape, totals):
         """Non-empty tiles of a varlen launch: heads x the documents' m-blocks (warp-wide:
         lane l sums documents l, l + 32, ...)."""
-        batch = shape.num_tiles // (shape.num_m_blocks * shape.num_heads)
         s = Int32(0)
-        for i in cutlass.range((batch + 31) // 32, unroll=1):
+        for i in cutlass.range((self.num_docs(shape) + 31) // 32, unroll=1):
             s = s + self.doc_m_blocks(i * 32 + cute.arch.lane_idx(), ptrs, shape, totals)
         for off in (16, 8, 4, 2, 1):
             s = s + cute.arch.shuffle_sync_bfly(s, offset=off)
@@ -617,9 +621,7 @@ class FlashFwdSm90:
             elif shape.seq_mode & SEQ_VARLEN != 0:
                 tile = self.skip_empty_tiles(c, ptrs, shape)
                 c = tile
-            pipe_tile.producer_acquire(tile_state)
-            self.put_tile(slots, tile_state.index, tile, shape)
-            pipe_tile.producer_commit(tile_state)
+            self.hand_over(pipe_tile, tile_state, slots, tile, shape)
             tile_state.advance()
             if tile >= shape.num_tiles:
                 running = False
@@ -927,8 +929,9 @@ class FlashFwdSm90:
 
         With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
         K's): the tensor cores work on S meanwhile, and the other warpgroup's turn does not
-        wait on this one's V. Without (three MMA warpgroups, decode) both are waited for first,
-        which measured 3-4 % faster there (docs/perf-notes.md v12)."""
+        wait on this one's V. Without (three MMA warpgroups, decode) both are waited for first:
+        on the three-warpgroup hd64 tile that measured 3-4 % faster (docs/perf-notes.md v12;
+        the decode kernels keep the order they had)."""
         pipe_k, pipe_v = pipes
         wg = tidx // 128
         pipe_k.consumer_wait(k_state)
