@@ -37,12 +37,15 @@ for name, cu in bad_offsets.items():
                               max_seqlen_q=max_q, max_seqlen_k=64, return_lse=True)
 # Paged KV: page indices outside the pool, a table narrower than seqused_k, seqused_k huge.
 pool = torch.randn(6, 16, hk, d, device=dev, dtype=bf)
-qd = torch.randn(3, 2, h, d, device=dev, dtype=bf)
 table = torch.tensor([[0, 99, -7], [5, 4, 3], [2, 2, 2]], dtype=torch.int32, device=dev)
 used = torch.tensor([48, 10_000, -3], dtype=torch.int32, device=dev)
-for ns in (1, 4):
-    fa4_aot.attention(qd, pool, pool, causal=True, page_table=table, seqused_k=used,
-                      num_splits=ns, return_lse=True)
+# 2 query tokens: the 64-row decode kernels; 40 (160 packed rows): the 128-row ones, whose
+# paged K and V go in one pass over the boxes (3 stages at hd128).
+for sq in (2, 40):
+    qd = torch.randn(3, sq, h, d, device=dev, dtype=bf)
+    for ns in (1, 4):
+        fa4_aot.attention(qd, pool, pool, causal=True, page_table=table, seqused_k=used,
+                          num_splits=ns, return_lse=True)
 # seqused_k / seqused_q larger than the tensors (dense).
 qq = torch.randn(2, 3, h, d, device=dev, dtype=bf)
 kk = torch.randn(2, 50, hk, d, device=dev, dtype=bf)

@@ -29,6 +29,10 @@ tests/fixtures/ are real outputs of ptxas 12.9/13.0/13.1 and cuobjdump/nvdisasm 
           "local_bytes":       local memory bytes from the cubin,
           "ldl":               number of LDL instructions in the SASS,
           "stl":               number of STL instructions in the SASS,
+          "lane_loops":        number of ``BRA.U.ANY`` loops in the SASS: an instruction that
+                               needs warp-uniform operands (a TMA issue) whose operands ptxas
+                               could not prove uniform, issued once per distinct lane value
+                               (see :func:`count_lane_loops`),
           "reg_peak":          highest GPR index live in the SASS + 1 (what the code really
                                needs; ``registers`` is the launch budget under setmaxnreg),
           "reg_live_max":      most GPRs live at once,
@@ -234,6 +238,26 @@ def count_local_mem_ops(sass_text: str) -> dict[str, dict[str, int]]:
             if m.group(1) in ("LDL", "STL"):
                 current[m.group(1)] += 1
     return {name: {"LDL": c["LDL"], "STL": c["STL"]} for name, c in counts.items()}
+
+
+def count_lane_loops(sass_text: str) -> dict[str, int]:
+    """``{function: n}``: the ``BRA.U.ANY`` branches of each function in ``cuobjdump -sass`` or
+    ``nvdisasm`` output. ptxas emits one such loop around an instruction that needs
+    warp-uniform operands (``UTMALDG``, ``R2UR``-fed descriptors) when it cannot prove them
+    uniform (e.g. a TMA descriptor address it kept in vector registers): the instruction then
+    runs once per distinct value among the lanes, with a dozen instructions of overhead per
+    issue. In an experiment build of the sm_90a 128-row decode kernels this made paged calls
+    12-46 % slower (docs/perf-notes.md v13)."""
+    counts: dict[str, int] = {}
+    current = None
+    for line in sass_text.splitlines():
+        if m := _SASS_FUNCTION_RE.match(line):
+            current = m.group(1) or m.group(2)
+            counts.setdefault(current, 0)
+        elif current is not None and (m := _SASS_OPCODE_RE.match(line)):
+            if m.group(1) == "BRA" and "BRA.U.ANY" in line:
+                counts[current] += 1
+    return counts
 
 
 # --------------------------------------------------------------------------- register peaks
@@ -526,6 +550,7 @@ def inspect_cubin(
             peak_error += " (old-format ELF, as the CuTe DSL's embedded ptxas writes)"
         sass = run_tool([tc.nvdisasm, "-c", cubin])
     local_ops = count_local_mem_ops(sass)
+    lane_loops = count_lane_loops(sass)
     peaks = parse_register_peaks(sass)
     log = parse_ptxas_log(ptxas_log) if ptxas_log is not None else {}
     header = parse_elf_header(elf_text) or {}
@@ -544,6 +569,7 @@ def inspect_cubin(
             "local_bytes": res.get("local"),
             "ldl": ops["LDL"],
             "stl": ops["STL"],
+            "lane_loops": lane_loops.get(name, 0),
             "reg_peak": peaks.get(name, {}).get("peak"),
             "reg_live_max": peaks.get(name, {}).get("live_max"),
             "reg_peak_by_role": peaks.get(name, {}).get("by_role"),

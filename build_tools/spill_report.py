@@ -90,7 +90,8 @@ __all__ = ["ReportError", "assemble_matrix", "pick_best", "spills", "warning_cod
 
 DEFAULT_MANIFEST = Path("artifacts/manifest.json")
 RESOURCE_FIELDS = (
-    "registers", "stack_frame", "spill_store_bytes", "spill_load_bytes", "ldl", "stl", "shared_bytes",
+    "registers", "stack_frame", "spill_store_bytes", "spill_load_bytes", "ldl", "stl", "lane_loops",
+    "shared_bytes",
 )  # fmt: skip
 PEAK_FIELDS = ("reg_peak", "reg_peak_by_role")
 EXIT_SPILL, EXIT_REFUSED, EXIT_FILE_FAILED = 1, 2, 4
@@ -574,18 +575,19 @@ def _roles(row: dict) -> str:
 
 def _flat_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
     headers = ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st", "spill ld",
-               "LDL", "STL", "smem", "dyn smem", "ptxas", "warn", "path"]
+               "LDL", "STL", "U-loops", "smem", "dyn smem", "ptxas", "warn", "path"]
     body, marks = [], []
     for r in rows:
         bad = spills(r) or bool(r.get("error"))
         if r.get("error"):
-            body.append(["E", r["kernel"], _fmt(r["arch"]), *["?"] * 10, _fmt(r["ptxas_version"]), "-",
+            body.append(["E", r["kernel"], _fmt(r["arch"]), *["?"] * 11, _fmt(r["ptxas_version"]), "-",
                          _display_path(r["path"])])
         else:
             body.append(
                 ["!" if spills(r) else "", r["kernel"], _fmt(r["arch"]), _fmt(r["registers"]), _fmt(r.get("reg_peak")),
                  _roles(r), _fmt(r["stack_frame"]), _fmt(r["spill_store_bytes"]), _fmt(r["spill_load_bytes"]),
-                 _fmt(r["ldl"]), _fmt(r["stl"]), _fmt(r["shared_bytes"]), _fmt(r.get("dynamic_smem_bytes")),
+                 _fmt(r["ldl"]), _fmt(r["stl"]), _fmt(r.get("lane_loops")), _fmt(r["shared_bytes"]),
+                 _fmt(r.get("dynamic_smem_bytes")),
                  _fmt(r["ptxas_version"]), ",".join(r.get("ptxas_warnings") or ["-"]), _display_path(r["path"])]
             )  # fmt: skip
         marks.append(bad)
@@ -672,6 +674,9 @@ def _footnotes(rows: list[dict]) -> list[str]:
     if any(r.get("source") == "shipped" and r.get("reg_peak") is None for r in rows):
         notes.append("peak, roles, smem: ? = not read yet; --peaks reads them from the shipped cubins' SASS "
                      "(cached after the first run)")
+    if any(_n(r.get("lane_loops")) for r in rows):
+        notes.append("U-loops: BRA.U.ANY loops, instructions that need warp-uniform operands (TMA issues) "
+                     "which ptxas could not prove uniform, issued once per distinct lane value")
     for r in rows:
         for what in ("error", "note"):
             if r.get(what):

@@ -60,8 +60,7 @@ TILES = {
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
-# more than it gains (``schedule.prefer_m128``: causal S = 1k, 290 against 250 TFLOP/s), and
-# the wide decode kernels (their 128-row packed tiles are unchanged).
+# more than it gains (``schedule.prefer_m128``: causal S = 1k, 290 against 250 TFLOP/s).
 TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
@@ -74,6 +73,17 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=4, pingpong=False),
                 128: Tile(m=64, n=128, kv_stages=3, pingpong=False),
                 192: Tile(m=64, n=112, kv_stages=2, pingpong=False),
                 256: Tile(m=64, n=80, kv_stages=2, pingpong=False)}
+
+# The decode kernels with the 128-row tile (``KernelConfig.wide``: paged KV or forced splits
+# with many packed rows, such as chunked prefill over a paged cache): the prefill tiles, but a
+# third K/V stage at head_dim 128, with which the paged loads issue K and V in one pass
+# (chunked prefill page 16 +42 %, page 64 +2 %, docs/perf-notes.md v13). Larger head dims have
+# no shared memory for a third stage.
+DECODE_WIDE_TILES = {64: Tile(m=128, n=128, kv_stages=3),
+                     96: Tile(m=128, n=128, kv_stages=2),
+                     128: Tile(m=128, n=128, kv_stages=3),
+                     192: Tile(m=128, n=112, kv_stages=2),
+                     256: Tile(m=128, n=80, kv_stages=2)}
 
 # Derived from the tables above (the source of truth).
 HEAD_DIMS = tuple(sorted({hd for tiles in TILES.values() for hd in tiles}))
@@ -131,13 +141,12 @@ class KernelConfig:
 
     @property
     def tile(self) -> Tile:
-        """The tile of (arch, head_dim): TILES; DECODE_TILES for the decode kernels; the
-        128-row one (TILES_M128, else TILES) for ``m128`` and the wide decode kernels."""
-        if self.decode and not self.wide:
-            return DECODE_TILES[self.head_dim]
-        if self.m128 or self.wide:
-            alt = TILES_M128.get(self.arch, {}).get(self.head_dim)
-            return alt or TILES[self.arch][self.head_dim]
+        """The tile of (arch, head_dim): TILES; DECODE_TILES / DECODE_WIDE_TILES for the
+        decode kernels; TILES_M128 for ``m128``."""
+        if self.decode:
+            return (DECODE_WIDE_TILES if self.wide else DECODE_TILES)[self.head_dim]
+        if self.m128:
+            return TILES_M128[self.arch][self.head_dim]
         return TILES[self.arch][self.head_dim]
 
     @property

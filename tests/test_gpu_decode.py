@@ -81,6 +81,19 @@ def test_softcap_decode():
         _check(out, lse, q, k, v, causal=True, softcap=15.0)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 15.0])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_wide_decode_kernels(d, mask, softcap):
+    """Many packed rows (seqlen_q * group > 128) with forced splits run on the 128-row decode
+    kernels: their three-run mainloop (masked / unmasked / below a window's edge); with a
+    softcap (a run-time value there) every block takes the masked run, which caps."""
+    q, k, v = _inputs(2, 100, 1500, 16, 4, d, seed=d)
+    kw = dict(MASKS[mask], **({"softcap": softcap} if softcap else {}))
+    out, lse = fa4_aot.attention(q, k, v, return_lse=True, num_splits=2, **kw)
+    _check(out, lse, q, k, v, **kw)
+
+
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_seqused_k(num_splits):
     b, sk = 4, 3000

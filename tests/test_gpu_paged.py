@@ -78,12 +78,14 @@ def test_paged_split_kv(num_splits):
     _check_rows(out, lse, q, k, v, used, causal=True)
 
 
+@pytest.mark.parametrize("ps", [16, 32, 128])
 @pytest.mark.parametrize("lens_q,lens_k", [([5, 1, 16, 3], [37, 1, 300, 3]),
                                            ([200, 37, 129], [1000, 37, 700])])  # wide kernels
-def test_chunked_prefill_varlen_q_against_paged_kv(lens_q, lens_k):
+def test_chunked_prefill_varlen_q_against_paged_kv(lens_q, lens_k, ps):
     # Packed queries (a chunk of new tokens per sequence) against each sequence's cache, causal
-    # bottom-right: the chunk is the last len_q tokens of the len_k keys.
-    h, hk, d, ps = 16, 4, 128, 32
+    # bottom-right: the chunk is the last len_q tokens of the len_k keys. Pages below the key
+    # block take several TMA boxes per block (K and V in one pass with 3+ stages).
+    h, hk, d = 16, 4, 128
     b = len(lens_q)
     k = torch.randn(b, max(lens_k), hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)

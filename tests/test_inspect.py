@@ -157,6 +157,21 @@ def test_local_mem_ops_predicates_and_modifiers():
     assert ic.count_local_mem_ops(sass) == {"k": {"LDL": 2, "STL": 1}}
 
 
+def test_count_lane_loops():
+    """BRA.U.ANY (a uniform-operand instruction issued once per distinct lane value) is
+    counted per function; other branches are not."""
+    sass = (
+        "\t\tFunction : k\n"
+        "        /*37d0*/               @P0 ELECT P5, URZ, PT ;\n"
+        "        /*37e0*/                   @UP1 UTMALDG.4D [UR8], [UR18], desc[URZ] ;\n"
+        "        /*3810*/               @P0 BRA.U.ANY 0x37d0 ;\n"
+        "        /*3820*/               @P1 BRA 0x3900 ;\n"
+        "\t\tFunction : clean\n"
+        "        /*0000*/                   BRA 0x0 ;\n"
+    )
+    assert ic.count_lane_loops(sass) == {"k": 1, "clean": 0}
+
+
 # --------------------------------------------------------------------------- PTX
 
 
@@ -245,7 +260,7 @@ def test_inspect_cubin_combines_all_sources(monkeypatch):
     assert info["ptxas_diagnostics"] == []
     assert info["entries"][PRESSURE] == {
         "registers": 32, "stack_frame": 368, "spill_store_bytes": 640, "spill_load_bytes": 728,
-        "shared_bytes": 0, "local_bytes": 0, "ldl": 168, "stl": 126,
+        "shared_bytes": 0, "local_bytes": 0, "ldl": 168, "stl": 126, "lane_loops": 0,
         # the captured `nvdisasm -c` output has no life-range columns: peaks unknown
         "reg_peak": None, "reg_live_max": None, "reg_peak_by_role": None,
     }  # fmt: skip

@@ -48,7 +48,8 @@ SCHEMA = {
                     "resources": {
                         "type": "object",
                         "required": ["registers", "stack_frame", "spill_store_bytes",
-                                     "spill_load_bytes", "ldl", "stl", "shared_bytes", "threads"],
+                                     "spill_load_bytes", "ldl", "stl", "lane_loops",
+                                     "shared_bytes", "threads"],
                     },
                     "launch": {
                         "type": "object",

@@ -657,13 +657,14 @@ class FlashFwdSm90:
         return page, row
 
     def merged_kv_loads(self, shape: Shape):
-        """Paged KV in the 64-row decode kernels with 3+ stages: one pass over the boxes for K
-        and V (one page shuffle and one set of coordinates per box instead of two; page 16:
-        277 -> 254 us, the producer warp's issue rate was the limit, docs/perf-notes.md v11),
-        both stages acquired first. Not with 2 stages or in the 128-row kernels: waiting for
-        the V slot (released a block later than K's) before issuing K cost the chunked
-        prefill 23 %."""
-        if cutlass.const_expr(self.num_mma_wg == 1 and self.kv_stages >= 3):
+        """Paged KV in the decode kernels with 3+ stages: one pass over the boxes for K and V
+        (one page shuffle and one set of coordinates per box instead of two), both stages
+        acquired first. The producer warp's issue rate was the limit: 64-row kernels, page 16
+        decode 277 -> 254 us (docs/perf-notes.md v11); 128-row kernels (3 stages since v13),
+        chunked prefill page 16 +42 %, page 32 +18 % (v13). With 2 stages waiting for the V
+        slot (released a block later than K's) before issuing K cost the chunked prefill 23 %
+        (v11), so 2-stage kernels issue K and V in separate passes."""
+        if cutlass.const_expr(self.kv_stages >= 3):
             return shape.page_size != 0
         return False
 
@@ -817,32 +818,49 @@ class FlashFwdSm90:
         wg = tidx // 128
         lt = tidx % 128
         chunks = self.hd // 8  # 16-byte chunks per row
+        # Thread lt copies chunk lt % chunks of rows lt // chunks, + step, + 2 step, ... of the
+        # warpgroup's 64 (the threads past step * chunks idle when chunks does not divide 128).
+        # The row's (query row, head) advance without a division per copy: these copies run
+        # on the MMA warpgroups' issue slots (with a division and the address arithmetic per
+        # copy they were ~5 % of the chunked prefill's time, docs/perf-notes.md v13).
+        step = 128 // chunks
+        ch = lt % chunks
+        r = lt // chunks
+        if lt >= step * chunks:
+            r = Int32(64)  # idle
         q_s = cute.assume(strides.q_stride_s, divby=8)
         q_h = cute.assume(strides.q_stride_h, divby=8)
         q_b = cute.assume(strides.q_stride_b, divby=8)
-        base = Int64(t.batch) * q_b + Int64(t.q_start) * q_s
+        base = (Int64(t.batch) * q_b + Int64(t.q_start) * q_s + Int64(t.head * g) * q_h
+                + Int64(ch * 8))
         rows_valid = t.sq * g
+        rr = t.m_block * self.tile_m + wg * 64 + r
+        s_row = rr // g
+        h_row = rr - s_row * g
+        ds = step // g
+        dh = step - ds * g
         sQ2 = sQ[None, None, 0]
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
         # A run-time loop: unrolled, the per-iteration addresses are hoisted out of the tile
         # loop and spill at head_dim 256.
-        for i in cutlass.range(64 * chunks // 128, unroll=1):
-            c = lt + i * 128
-            r = wg * 64 + c // chunks
-            ch = c % chunks
-            rr = t.m_block * self.tile_m + r
-            dst = cute.local_tile(sQ2, (1, 8), (r, ch))[0, None]
-            if rr < rows_valid:
-                s = rr // g
-                head = t.head * g + (rr - s * g)
-                off = cute.assume(base + Int64(s) * q_s + Int64(head) * q_h + Int64(ch * 8),
-                                  divby=8)
-                src = cute.make_tensor(ptrs.q_ptr + off, cute.make_layout(8))
-                cute.copy(g2s, src, dst)
-            else:
-                zeros = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
-                zeros.fill(0.0)
-                cute.autovec_copy(zeros, dst)
+        for _ in cutlass.range((64 + step - 1) // step, unroll=1):
+            if r < 64:
+                dst = cute.local_tile(sQ2, (1, 8), (wg * 64 + r, ch))[0, None]
+                if rr < rows_valid:
+                    off = cute.assume(base + Int64(s_row) * q_s + Int64(h_row) * q_h, divby=8)
+                    src = cute.make_tensor(ptrs.q_ptr + off, cute.make_layout(8))
+                    cute.copy(g2s, src, dst)
+                else:
+                    zeros = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
+                    zeros.fill(0.0)
+                    cute.autovec_copy(zeros, dst)
+            r = r + step
+            rr = rr + step
+            s_row = s_row + ds
+            h_row = h_row + dh
+            if h_row >= g:
+                h_row = h_row - g
+                s_row = s_row + 1
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.fence_view_async_shared()
@@ -866,41 +884,37 @@ class FlashFwdSm90:
                 self.apply_mask(f.acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, t, shape)
                 self.online_softmax(f, scale_log2)
                 self.convert_p(f)
+                # The other blocks (n_max - 2 down to n_min) in three runs: those that need
+                # the mask near the diagonal / sequence end, the unmasked steady state (its own
+                # loop without the mask test, so ptxas schedules the row max ahead of the wait
+                # for the PV wgmma, docs/perf-notes.md v12), those below a window's left edge.
+                u_lo, u_hi = self.unmasked_blocks(n_min, n_max, t, shape)
                 if cutlass.const_expr(self.decode):
-                    # Decode kernels: one loop, the mask test inside (three runs spill in the
-                    # 128-row decode kernels' producer warp, docs/perf-notes.md v12).
-                    for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                        nb = n_max - 2 - i
-                        self.overlap_block(tidx, f, pipes, k_state, v_state, nb, t, shape,
-                                           softmax, self.block_needs_mask(nb * self.tile_n,
-                                                                          row0, t, shape))
+                    # Decode kernels cap the scores when softcap_pre != 0 (a run-time
+                    # value): then every block takes the masked run, which caps; the
+                    # other runs never do. (A run-time softcap test in each run made
+                    # ptxas take the producer's TMA operands out of uniform registers:
+                    # every TMA issue became a loop over the lanes, docs/perf-notes.md v13.)
+                    if softmax.softcap_pre != Float32(0.0):
+                        u_lo, u_hi = n_min, n_min
+                top = cutlass.min(u_hi, n_max - 1)
+                for i in cutlass.range(n_max - 1 - cutlass.max(u_hi, n_min), unroll=1):
+                    self.overlap_block(tidx, f, pipes, k_state, v_state, n_max - 2 - i, t,
+                                       shape, softmax, True)
+                    k_state.advance()
+                    v_state.advance()
+                for i in cutlass.range(top - u_lo, unroll=1):
+                    self.overlap_block(tidx, f, pipes, k_state, v_state, top - 1 - i, t,
+                                       shape, softmax, False, capped=not self.decode)
+                    k_state.advance()
+                    v_state.advance()
+                if cutlass.const_expr(self.local):
+                    bottom = cutlass.min(u_lo, top)
+                    for i in cutlass.range(bottom - n_min, unroll=1):
+                        self.overlap_block(tidx, f, pipes, k_state, v_state, bottom - 1 - i,
+                                           t, shape, softmax, True, capped=not self.decode)
                         k_state.advance()
                         v_state.advance()
-                else:
-                    # Prefill kernels: the other blocks (n_max - 2 down to n_min) in three runs:
-                    # those that need the mask near the diagonal / sequence end, the unmasked
-                    # steady state (its own loop without the mask test, so ptxas schedules the
-                    # row max ahead of the wait for the PV wgmma, docs/perf-notes.md v12), those
-                    # below a window's left edge.
-                    u_lo, u_hi = self.unmasked_blocks(n_min, n_max, t, shape)
-                    top = cutlass.min(u_hi, n_max - 1)
-                    for i in cutlass.range(n_max - 1 - cutlass.max(u_hi, n_min), unroll=1):
-                        self.overlap_block(tidx, f, pipes, k_state, v_state, n_max - 2 - i, t,
-                                           shape, softmax, True)
-                        k_state.advance()
-                        v_state.advance()
-                    for i in cutlass.range(top - u_lo, unroll=1):
-                        self.overlap_block(tidx, f, pipes, k_state, v_state, top - 1 - i, t,
-                                           shape, softmax, False)
-                        k_state.advance()
-                        v_state.advance()
-                    if cutlass.const_expr(self.local):
-                        bottom = cutlass.min(u_lo, top)
-                        for i in cutlass.range(bottom - n_min, unroll=1):
-                            self.overlap_block(tidx, f, pipes, k_state, v_state, bottom - 1 - i,
-                                               t, shape, softmax, True)
-                            k_state.advance()
-                            v_state.advance()
                 # Last PV.
                 self.pv_alone(wg, f, pipe_v, v_state)
                 v_state.advance()
@@ -920,18 +934,19 @@ class FlashFwdSm90:
         return k_state, v_state
 
     def overlap_block(self, tidx, f: _Frags, pipes, k_state, v_state, n_block, t: _Tile,
-                      shape: Shape, softmax: Softmax, masked: bool):
+                      shape: Shape, softmax: Softmax, masked: bool, capped: bool = True):
         """One steady-state step of the overlapped mainloop: S = Q K(n_block)^T and O += P V of
         the previous block issued together, the softmax of S while the PV wgmma runs, then O
-        rescaled and P converted. ``masked``: apply the mask (a Python bool: decided while
-        tracing; else a run-time test). The caller advances both pipeline states (see
+        rescaled and P converted. ``masked``: apply the mask; ``capped``: apply the softcap
+        (as configured: always in softcap kernels, when softcap_pre != 0 in decode kernels).
+        Both are decided while tracing. The caller advances both pipeline states (see
         :meth:`qk_alone`).
 
         With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
         K's): the tensor cores work on S meanwhile, and the other warpgroup's turn does not
-        wait on this one's V. Without (three MMA warpgroups, decode) both are waited for first:
-        on the three-warpgroup hd64 tile that measured 3-4 % faster (docs/perf-notes.md v12;
-        the decode kernels keep the order they had)."""
+        wait on this one's V. Without (three MMA warpgroups, 64-row decode) both are waited for
+        first: on the three-warpgroup hd64 tile that measured 3-4 % faster (docs/perf-notes.md
+        v12; the decode kernels keep the order they had)."""
         pipe_k, pipe_v = pipes
         wg = tidx // 128
         pipe_k.consumer_wait(k_state)
@@ -945,20 +960,16 @@ class FlashFwdSm90:
         self.pingpong_signal(wg)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(k_state)
-        self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
-        self.mask_if(masked, f.acc_S_mn, tidx, n_block * self.tile_n, t.m_block * self.tile_m,
-                     t, shape)
+        if cutlass.const_expr(capped):
+            self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
+        if cutlass.const_expr(masked):
+            self.apply_mask(f.acc_S_mn, tidx, n_block * self.tile_n, t.m_block * self.tile_m,
+                            t, shape)
         self.online_softmax(f, softmax.softmax_scale_log2)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         self.rescale_o(f)
         self.convert_p(f)
-
-    @cute.jit
-    def mask_if(self, need, acc_S_mn, tidx, col0, row0, t: _Tile, shape: Shape):
-        """apply_mask when ``need`` (a Python bool, or a run-time flag) is set."""
-        if need:
-            self.apply_mask(acc_S_mn, tidx, col0, row0, t, shape)
 
     @cute.jit
     def unmasked_blocks(self, n_min, n_max, t: _Tile, shape: Shape):

@@ -4,8 +4,11 @@ clock and thermal drift hit them alike (separate processes moved ±5 % between r
     python tools/experiments/ab_artifacts.py base=artifacts vl=.exp/h128 \\
         --shapes '2,16,8192,128;2,16,8192,128,c;docs:16384+512*32,16,128,c' --rounds 9
 
-A shape is ``B,H,S,D[,c]`` (dense, ``c``: causal) or ``docs:LENS,H,D[,c]``: packed documents
-of the ``+``-joined lengths (``N*k``: k documents of N tokens), q/k/v varlen.
+A shape is ``B,H,S,D[,c]`` (dense, ``c``: causal), ``docs:LENS,H,D[,c]``: packed documents
+of the ``+``-joined lengths (``N*k``: k documents of N tokens), q/k/v varlen, or
+``paged:B,SQ,SK,H,HK,PAGE``: causal attention of B sequences of SQ new tokens (varlen q when
+SQ > 1) against SK keys in a shuffled paged cache (bench/bench_decode.py's paged cases, hd128),
+or ``kv:B,SQ,SK,H,HK``: the same with contiguous (B, SK, HK, 128) K/V (decode shapes).
 
 A variant folder may hold only the kernels it changes (built with tools/experiments/
 variants.py --only ...); every call of a shape must find its kernel there. Outputs are
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 import fa4_aot  # noqa: E402
 from fa4_aot import interface, manifest, runtime  # noqa: E402
 from bench.benchlib import visible_pairs  # noqa: E402
+from bench.bench_decode import paged_inputs  # noqa: E402
 
 
 class Variant:
@@ -67,6 +71,24 @@ def main(argv=None):
                           for _ in range(3)) for _ in range(2)]
             flops = 4 * h * d * sum(visible_pairs(n, n, causal) for n in lens)
             label = f"docs {f[0][5:]} hd{d}{' c' if causal else ''}"
+        elif spec.startswith("paged:"):
+            b, sq, sk, h, hk, page = (int(x) for x in [f[0][6:]] + f[1:6])
+            q, kc, vc, table, used, _, _, cu_q = paged_inputs(b, sq, sk, h, hk, page)
+            causal, d = True, q.shape[-1]
+            kw = dict(page_table=table, seqused_k=used)
+            if cu_q is not None:
+                kw.update(cu_seqlens_q=cu_q, max_seqlen_q=sq)
+            sets = [(q, kc, vc), (q, kc, vc)]
+            flops = 4 * h * d * b * visible_pairs(sq, sk, True)
+            label = f"paged {b}x{sq}/{sk} {h}/{hk} p{page}"
+        elif spec.startswith("kv:"):
+            b, sq, sk, h, hk = (int(x) for x in [f[0][3:]] + f[1:5])
+            causal, d = True, 128
+            sets = [(torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16),
+                     *(torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(2))) for _ in range(2)]
+            flops = 4 * h * d * b * visible_pairs(sq, sk, True)
+            label = f"kv {b}x{sq}/{sk} {h}/{hk}"
         else:
             b, h, s, d = (int(x) for x in f[:4])
             causal = len(f) > 4 and f[4] == "c"

@@ -1,0 +1,53 @@
+"""Chunked prefill over a paged cache against the same data contiguous (issue 15): the time per
+page size, then (``--ncu``) one call each of the paged (page 64) and the contiguous case for
+ncu (``ncu --profile-from-start off``; ``--ncu paged``: the paged call alone, e.g. for an
+artifacts folder holding only the decode kernels). bench/bench_decode.py's inputs: 8 sequences of
+2,048 cached + 256 new tokens, 32/8 heads, hd128, causal.
+
+    python tools/experiments/paged_probe.py [--ncu [paged]]
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import fa4_aot  # noqa: E402
+from bench.bench_decode import paged_inputs, time_calls, uniform_offsets  # noqa: E402
+from tools.experiments.prefill_ncu_probe import profile_once  # noqa: E402
+
+B, SQ, SK, H, HK = 8, 256, 2048 + 256, 32, 8
+
+
+def calls_for(page):
+    q, kc, vc, table, used, k, v, cu_q = paged_inputs(B, SQ, SK, H, HK, page)
+    var = dict(cu_seqlens_q=cu_q, max_seqlen_q=SQ)
+    paged = lambda: fa4_aot.attention(q, kc, vc, causal=True, page_table=table,  # noqa: E731
+                                      seqused_k=used, **var)
+    kp, vp = k.reshape(-1, HK, 128), v.reshape(-1, HK, 128)
+    cu_k = uniform_offsets(B, SK)
+    contig = lambda: fa4_aot.attention(q, kp, vp, causal=True, cu_seqlens_k=cu_k,  # noqa: E731
+                                       max_seqlen_k=SK, **var)
+    return paged, contig
+
+
+def main(argv):
+    if "--ncu" in argv:
+        calls = calls_for(64)
+        profile_once(calls[:1] if "paged" in argv else calls)
+        return
+    rows = {}
+    pairs = {p: calls_for(p) for p in (16, 32, 64, 128, 256)}
+    for _ in range(5):
+        for p, (paged, contig) in pairs.items():
+            for name, f in ((f"page {p}", paged), ("contiguous", contig)):
+                for _ in range(2):
+                    f()
+                rows.setdefault(name, []).append(time_calls(f, 20) * 1e3)
+    for name, ts in rows.items():
+        print(f"{name:12s} {sorted(ts)[len(ts) // 2]:7.1f} us")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
