@@ -223,6 +223,18 @@ _SASS_FUNCTION_RE = re.compile(r"^\s*(?:Function : (\S+)|\.section\s+\.text\.([^
 _SASS_OPCODE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
+def _sass_ops(sass_text: str):
+    """``(function, opcode, line)`` for each instruction of ``cuobjdump -sass`` or ``nvdisasm``
+    output, and ``(function, None, line)`` where a function starts."""
+    current = None
+    for line in sass_text.splitlines():
+        if m := _SASS_FUNCTION_RE.match(line):
+            current = m.group(1) or m.group(2)
+            yield current, None, line
+        elif current is not None and (m := _SASS_OPCODE_RE.match(line)):
+            yield current, m.group(1), line
+
+
 def count_local_mem_ops(sass_text: str) -> dict[str, dict[str, int]]:
     """``{function: {"LDL": n, "STL": n}}`` from ``cuobjdump -sass`` or ``nvdisasm`` output.
 
@@ -230,13 +242,10 @@ def count_local_mem_ops(sass_text: str) -> dict[str, dict[str, int]]:
     Every function seen is listed, with zeros when it has no local accesses.
     """
     counts: dict[str, Counter] = {}
-    current: Counter | None = None
-    for line in sass_text.splitlines():
-        if m := _SASS_FUNCTION_RE.match(line):
-            current = counts.setdefault(m.group(1) or m.group(2), Counter())
-        elif current is not None and (m := _SASS_OPCODE_RE.match(line)):
-            if m.group(1) in ("LDL", "STL"):
-                current[m.group(1)] += 1
+    for function, op, _ in _sass_ops(sass_text):
+        c = counts.setdefault(function, Counter())
+        if op in ("LDL", "STL"):
+            c[op] += 1
     return {name: {"LDL": c["LDL"], "STL": c["STL"]} for name, c in counts.items()}
 
 
@@ -249,14 +258,8 @@ def count_lane_loops(sass_text: str) -> dict[str, int]:
     issue. In an experiment build of the sm_90a 128-row decode kernels this made paged calls
     12-46 % slower (docs/perf-notes.md v13)."""
     counts: dict[str, int] = {}
-    current = None
-    for line in sass_text.splitlines():
-        if m := _SASS_FUNCTION_RE.match(line):
-            current = m.group(1) or m.group(2)
-            counts.setdefault(current, 0)
-        elif current is not None and (m := _SASS_OPCODE_RE.match(line)):
-            if m.group(1) == "BRA" and "BRA.U.ANY" in line:
-                counts[current] += 1
+    for function, op, line in _sass_ops(sass_text):
+        counts[function] = counts.get(function, 0) + (op == "BRA" and "BRA.U.ANY" in line)
     return counts
 
 

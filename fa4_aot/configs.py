@@ -75,15 +75,12 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=4, pingpong=False),
                 256: Tile(m=64, n=80, kv_stages=2, pingpong=False)}
 
 # The decode kernels with the 128-row tile (``KernelConfig.wide``: paged KV or forced splits
-# with many packed rows, such as chunked prefill over a paged cache): the prefill tiles, but a
-# third K/V stage at head_dim 128, with which the paged loads issue K and V in one pass
+# with many packed rows, such as chunked prefill over a paged cache): the 128-row prefill tiles,
+# with a third K/V stage at head_dim 128, with which the paged loads issue K and V in one pass
 # (chunked prefill page 16 +42 %, page 64 +2 %, docs/perf-notes.md v13). Larger head dims have
 # no shared memory for a third stage.
-DECODE_WIDE_TILES = {64: Tile(m=128, n=128, kv_stages=3),
-                     96: Tile(m=128, n=128, kv_stages=2),
-                     128: Tile(m=128, n=128, kv_stages=3),
-                     192: Tile(m=128, n=112, kv_stages=2),
-                     256: Tile(m=128, n=80, kv_stages=2)}
+DECODE_WIDE_TILES = {hd: TILES_M128["sm_90a"].get(hd, t) for hd, t in TILES["sm_90a"].items()}
+DECODE_WIDE_TILES[128] = dataclasses.replace(DECODE_WIDE_TILES[128], kv_stages=3)
 
 # Derived from the tables above (the source of truth).
 HEAD_DIMS = tuple(sorted({hd for tiles in TILES.values() for hd in tiles}))

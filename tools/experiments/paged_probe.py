@@ -10,26 +10,17 @@ artifacts folder holding only the decode kernels). bench/bench_decode.py's input
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import fa4_aot  # noqa: E402
-from bench.bench_decode import paged_inputs, time_calls, uniform_offsets  # noqa: E402
+from bench.bench_decode import paged_inputs, paged_providers, time_calls  # noqa: E402
 from tools.experiments.prefill_ncu_probe import profile_once  # noqa: E402
 
 B, SQ, SK, H, HK = 8, 256, 2048 + 256, 32, 8
 
 
 def calls_for(page):
-    q, kc, vc, table, used, k, v, cu_q = paged_inputs(B, SQ, SK, H, HK, page)
-    var = dict(cu_seqlens_q=cu_q, max_seqlen_q=SQ)
-    paged = lambda: fa4_aot.attention(q, kc, vc, causal=True, page_table=table,  # noqa: E731
-                                      seqused_k=used, **var)
-    kp, vp = k.reshape(-1, HK, 128), v.reshape(-1, HK, 128)
-    cu_k = uniform_offsets(B, SK)
-    contig = lambda: fa4_aot.attention(q, kp, vp, causal=True, cu_seqlens_k=cu_k,  # noqa: E731
-                                       max_seqlen_k=SK, **var)
-    return paged, contig
+    """(paged call, the same data contiguous): bench/bench_decode.py's fa4_aot providers."""
+    fns = paged_providers(["fa4_aot"], SQ, paged_inputs(B, SQ, SK, H, HK, page))
+    return fns["fa4_aot"], fns["fa4_aot:contig"]
 
 
 def main(argv):
