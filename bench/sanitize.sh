@@ -2,8 +2,9 @@
 # compute-sanitizer (racecheck, synccheck, memcheck) on the work-stealing kernel, edge cases.
 #   bash bench/sanitize.sh [outdir]
 # Cases: fewer tiles than CTAs (1 tile), SM count - 1 / + 1 tiles (131 / 133 on an H200), and
-# ~1000 tiles; causal and not; a decode call (packed GQA, split-KV + combine); and, under
-# memcheck only, bench/bad_inputs.py (malformed varlen offsets and paged-KV tables).
+# ~1000 tiles; causal and not; hd256 (two MMA warpgroups without ping-pong); a decode call
+# (packed GQA, split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed
+# varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u
@@ -14,6 +15,7 @@ cases=(
   "1 131 128 128 1 steal"
   "1 133 128 64 0 steal"
   "4 16 2048 64 1 steal"
+  "1 133 256 256 1 steal"
   "8 32 1 128 1 auto 4096 8"
 )
 failed=0

@@ -37,13 +37,17 @@ class Tile:
 
     ``overlap``: issue S(n) and O += P(n+1)V(n+1) together and run the softmax of S(n) under the
     PV wgmma; ``pingpong``: the two MMA warpgroups take turns issuing. Both on at every head_dim
-    since the P conversion stopped serialising the wgmmas (docs/perf-notes.md v7)."""
+    since the P conversion stopped serialising the wgmmas (docs/perf-notes.md v7), except
+    ping-pong at hd256. ``rescale_early`` (with overlap): O is multiplied by the previous
+    block's correction while S's wgmmas run, before the PV wgmma is issued, instead of after
+    the wait for it (the same operations in the same order: bitwise the same O; v14)."""
 
     m: int
     n: int
     kv_stages: int
     overlap: bool = True
     pingpong: bool = True
+    rescale_early: bool = False
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -54,7 +58,9 @@ TILES = {
                96: Tile(m=128, n=128, kv_stages=2),
                128: Tile(m=128, n=128, kv_stages=2),
                192: Tile(m=128, n=112, kv_stages=2),
-               256: Tile(m=128, n=80, kv_stages=2)},
+               # hd256: the wgmmas are long next to an 80-column softmax; without ping-pong
+               # and with O rescaled under S's wgmmas, +2-5 % (FA4's hd256 schedule; v14).
+               256: Tile(m=128, n=80, kv_stages=2, pingpong=False, rescale_early=True)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 

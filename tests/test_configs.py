@@ -50,6 +50,7 @@ def test_experiment_variant_tokens_override_the_tile():
     from tools.experiments.variants import tile_overrides
     assert tile_overrides("noovl-nopp-s3-n176") == {"overlap": False, "pingpong": False,
                                                      "kv_stages": 3, "n": 176}
+    assert tile_overrides("pp-re") == {"pingpong": True, "rescale_early": True}
     assert tile_overrides("") == {}
     with pytest.raises(ValueError, match="unknown kernel variant token 'n100'"):
         tile_overrides("n100")

@@ -153,3 +153,13 @@ def test_shipped_kernels_have_no_ptxas_performance_warnings():
     flagged = {n: r["ptxas_diagnostics"] for n, r in MANIFEST["kernels"].items()
                if r["ptxas_diagnostics"]}
     assert flagged == {}
+
+
+def test_decode_kernels_have_no_lane_loops():
+    """CI gate: no decode kernel issues its TMA copies in ``BRA.U.ANY`` loops (once per distinct
+    lane value: ptxas does that when it cannot keep the operands in uniform registers). In the
+    128-row decode kernels they cost 12-46 % (docs/perf-notes.md v13). The spill report's
+    U-loops column shows the prefill kernels that have some (hd192 causal, hd128 window: v14)."""
+    looped = {n: r["resources"]["lane_loops"] for n, r in MANIFEST["kernels"].items()
+              if r["config"].get("decode") and r["resources"].get("lane_loops")}
+    assert looped == {}

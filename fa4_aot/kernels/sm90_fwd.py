@@ -197,6 +197,7 @@ class FlashFwdSm90:
         self.binfo = BlockInfo(self.tile_m, self.tile_n, self.causal, self.local)
         self.intra_wg_overlap = cfg.tile.overlap
         self.pingpong = cfg.tile.pingpong and self.num_mma_wg == 2
+        self.rescale_early = cfg.tile.rescale_early and self.intra_wg_overlap
 
     # ------------------------------------------------------------------ static pieces
     def _mmas_and_layouts(self, kv_rows=None):
@@ -735,8 +736,14 @@ class FlashFwdSm90:
         mma_qk, mma_pv = mmas
         sQ, sK, sV, slots = smem
         pipe_q, pipe_k, pipe_v, pipe_tile = pipes
-        thr_qk = mma_qk.get_slice(tidx)
-        thr_pv = mma_pv.get_slice(tidx)
+        # The wgmma operands (shared-memory descriptors) are the same for every thread of a
+        # warpgroup: partitioned by the warp-uniform warpgroup index, so that ptxas keeps the
+        # descriptors in uniform registers (partitioned by tidx, every wgmma of the loop
+        # recomputed its descriptor in vector registers and moved it over: docs/perf-notes.md v14).
+        wg = self.mma_wg(tidx)
+        wg_threads = cute.make_layout(self.num_mma_wg, stride=128)
+        thr_qk = mma_qk.get_slice(wg_threads(wg))
+        thr_pv = mma_pv.get_slice(wg_threads(wg))
         acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((self.tile_m, self.tile_n)))
         acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((self.tile_m, self.hd)))
         tOrP = cute.make_rmem_tensor(_acc_as_a_layout(acc_S.layout), self.dtype)
@@ -763,7 +770,6 @@ class FlashFwdSm90:
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                   TILE_SLOTS)
 
-        wg = tidx // 128  # index among the MMA warpgroups
         if wg == 0 and cutlass.const_expr(self.pingpong):
             # Ping-pong: warpgroup 0 issues first.
             cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
@@ -815,7 +821,7 @@ class FlashFwdSm90:
         them and makes them visible to wgmma. Its previous tile's wgmmas have completed (the
         mainloop ends on wait_group(0))."""
         g = shape.qhead_per_kvhead
-        wg = tidx // 128
+        wg = self.mma_wg(tidx)
         lt = tidx % 128
         chunks = self.hd // 8  # 16-byte chunks per row
         # Thread lt copies chunk lt % chunks of rows lt // chunks, + step, + 2 step, ... of the
@@ -872,7 +878,7 @@ class FlashFwdSm90:
         """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states."""
         pipe_k, pipe_v = pipes
         n_min, n_max = n_range
-        wg = tidx // 128
+        wg = self.mma_wg(tidx)
         row0 = t.m_block * self.tile_m
         scale_log2 = softmax.softmax_scale_log2
         if cutlass.const_expr(self.intra_wg_overlap):
@@ -916,6 +922,8 @@ class FlashFwdSm90:
                         k_state.advance()
                         v_state.advance()
                 # Last PV.
+                if cutlass.const_expr(self.rescale_early):
+                    self.rescale_o(f)
                 self.pv_alone(wg, f, pipe_v, v_state)
                 v_state.advance()
         else:
@@ -944,16 +952,24 @@ class FlashFwdSm90:
 
         With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
         K's): the tensor cores work on S meanwhile, and the other warpgroup's turn does not
-        wait on this one's V. Without (three MMA warpgroups, 64-row decode) both are waited for
-        first: on the three-warpgroup hd64 tile that measured 3-4 % faster (docs/perf-notes.md
-        v12; the decode kernels keep the order they had)."""
+        wait on this one's V. Without (three MMA warpgroups, hd256, 64-row decode) both are
+        waited for first: on the three-warpgroup hd64 tile that measured 3-4 % faster
+        (docs/perf-notes.md v12; at hd256 either order, v14; the decode kernels keep the order
+        they had).
+
+        ``rescale_early`` (Tile): O is multiplied by the previous block's correction between
+        the two issues, under S's wgmmas, instead of after the wait for PV; the mainloop does
+        the same once more before the last PV. Each O value sees the same multiplications and
+        additions in the same order either way."""
         pipe_k, pipe_v = pipes
-        wg = tidx // 128
+        wg = self.mma_wg(tidx)
         pipe_k.consumer_wait(k_state)
         if cutlass.const_expr(not self.pingpong):
             pipe_v.consumer_wait(v_state)
         self.pingpong_wait(wg)
         self.gemm_qk(f, k_state.index)
+        if cutlass.const_expr(self.rescale_early):
+            self.rescale_o(f)
         if cutlass.const_expr(self.pingpong):
             pipe_v.consumer_wait(v_state)
         self.gemm_pv(f, v_state.index)
@@ -968,7 +984,8 @@ class FlashFwdSm90:
         self.online_softmax(f, softmax.softmax_scale_log2)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
-        self.rescale_o(f)
+        if cutlass.const_expr(not self.rescale_early):
+            self.rescale_o(f)
         self.convert_p(f)
 
     @cute.jit
@@ -997,6 +1014,11 @@ class FlashFwdSm90:
     # Plain Python helpers (inlined while tracing, like pingpong_wait). The caller advances the
     # pipeline state after each: the tracer carries a state through a loop only when the
     # loop body itself rebinds it (an advance inside a helper escapes the loop).
+    def mma_wg(self, tidx):
+        """Index of the MMA warpgroup of consumer thread ``tidx``, marked warp-uniform (named
+        barrier ids and wgmma descriptors derived from it stay in uniform registers)."""
+        return cute.arch.make_warp_uniform(tidx // 128)
+
     def qk_alone(self, wg, f: _Frags, pipe_k, k_state):
         """S = Q K^T for the next key block, waited for (no PV in flight)."""
         pipe_k.consumer_wait(k_state)

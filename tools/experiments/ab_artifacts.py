@@ -4,7 +4,8 @@ clock and thermal drift hit them alike (separate processes moved ±5 % between r
     python tools/experiments/ab_artifacts.py base=artifacts vl=.exp/h128 \\
         --shapes '2,16,8192,128;2,16,8192,128,c;docs:16384+512*32,16,128,c' --rounds 9
 
-A shape is ``B,H,S,D[,c]`` (dense, ``c``: causal), ``docs:LENS,H,D[,c]``: packed documents
+A shape is ``B,H,S,D[,c|wN]`` (dense, ``c``: causal, ``wN``: sliding window (N, 0)),
+``docs:LENS,H,D[,c]``: packed documents
 of the ``+``-joined lengths (``N*k``: k documents of N tokens), q/k/v varlen, or
 ``paged:B,SQ,SK,H,HK,PAGE``: causal attention of B sequences of SQ new tokens (varlen q when
 SQ > 1) against SK keys in a shuffled paged cache (bench/bench_decode.py's paged cases, hd128),
@@ -96,6 +97,11 @@ def main(argv=None):
                           for _ in range(3)) for _ in range(2)]
             flops = 4 * b * h * d * visible_pairs(s, s, causal)
             label = f"{b}x{h}x{s}x{d}{' c' if causal else ''}"
+            if len(f) > 4 and f[4].startswith("w"):  # ``wN``: sliding window (N, 0)
+                left = int(f[4][1:])
+                kw = dict(window_size=(left, 0))
+                flops = 4 * b * h * d * sum(min(i + 1, left + 1) for i in range(s))
+                label = f"{b}x{h}x{s}x{d} w({left},0)"
         ref, times = None, {v.name: [] for v in variants}
         for r in range(a.rounds):
             order = variants if r % 2 == 0 else variants[::-1]

@@ -9,6 +9,7 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 
 ``ovl`` / ``noovl``  the sm_90a overlapped mainloop (S(n) and PV(n+1) together) on / off
 ``pp`` / ``nopp``    the sm_90a warpgroup ping-pong on / off
+``re`` / ``nore``    the sm_90a early O rescale (under S's wgmmas) on / off
 ``sN``               N K/V pipeline stages
 ``nN``               an n tile of N keys (a multiple of 16)
 ``mN``               an m tile of N rows (64, 128 or 192 on sm_90a: one MMA warpgroup per 64)
@@ -48,6 +49,8 @@ def tile_overrides(variant: str) -> dict:
             out["overlap"] = tok == "ovl"
         elif tok in ("pp", "nopp"):
             out["pingpong"] = tok == "pp"
+        elif tok in ("re", "nore"):
+            out["rescale_early"] = tok == "re"
         elif re.fullmatch(r"s[1-9]", tok):
             out["kv_stages"] = int(tok[1:])
         elif re.fullmatch(r"m(64|128|192)", tok):
@@ -55,7 +58,8 @@ def tile_overrides(variant: str) -> dict:
         elif re.fullmatch(r"n(16|32|48|64|80|96|112|128|144|160|176|192)", tok):
             out["n"] = int(tok[1:])
         else:
-            raise ValueError(f"unknown kernel variant token {tok!r} (ovl, noovl, pp, nopp, sN, nN, mN)")
+            raise ValueError(f"unknown kernel variant token {tok!r} "
+                             "(ovl, noovl, pp, nopp, re, nore, sN, nN, mN)")
     return out
 
 
