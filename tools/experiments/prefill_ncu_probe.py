@@ -4,8 +4,10 @@ range, for ncu side by side. Needs an sm_90 GPU; upstream FA4 (flash-attn-4) whe
     ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
         --section WarpStateStats --section InstructionStats \\
         python tools/experiments/prefill_ncu_probe.py B H S D [causal]
+        python tools/experiments/prefill_ncu_probe.py docs 16384+512*32 16 128 [causal]
 """
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -14,9 +16,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
 try:
-    from flash_attn.cute.interface import flash_attn_func
+    from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 except ImportError:  # fa4_aot alone
-    flash_attn_func = None
+    flash_attn_func = flash_attn_varlen_func = None
 
 
 def profile_once(calls, warmups=3):
@@ -33,7 +35,27 @@ def profile_once(calls, warmups=3):
     torch.cuda.profiler.stop()
 
 
+def docs_calls(argv):
+    """``docs LENS H D [causal]``: packed documents (``16384+512*32``: lengths joined by
+    ``+``, ``N*k`` = k documents of N tokens), varlen calls of both."""
+    lens = [int(n) for tok in argv[0].split("+")
+            for n in ([tok.split("*")[0]] * int(tok.split("*")[1]) if "*" in tok else [tok])]
+    h, d = int(argv[1]), int(argv[2])
+    causal = len(argv) > 3 and argv[3] == "causal"
+    q, k, v = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    calls = [lambda: fa4_aot.attention(q, k, v, causal=causal, **kw)]
+    if flash_attn_varlen_func is not None:
+        calls.insert(0, lambda: flash_attn_varlen_func(q, k, v, causal=causal, **kw))
+    return calls
+
+
 def main(argv):
+    if argv[0] == "docs":
+        profile_once(docs_calls(argv[1:]))
+        return
     b, h, s, d = (int(x) for x in argv[:4])
     causal = len(argv) > 4 and argv[4] == "causal"
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
