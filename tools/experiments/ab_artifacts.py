@@ -33,6 +33,7 @@ import fa4_aot  # noqa: E402
 from fa4_aot import interface, manifest, runtime  # noqa: E402
 from bench.benchlib import visible_pairs  # noqa: E402
 from bench.bench_decode import paged_inputs  # noqa: E402
+from tools.experiments.prefill_ncu_probe import doc_lens  # noqa: E402
 
 
 class Variant:
@@ -59,9 +60,7 @@ def main(argv=None):
     for spec in a.shapes.split(";"):
         kw, f = {}, spec.split(",")
         if spec.startswith("docs:"):
-            lens = [int(n) for tok in f[0][5:].split("+")
-                    for n in ([tok.split("*")[0]] * int(tok.split("*")[1]) if "*" in tok
-                              else [tok])]
+            lens = doc_lens(f[0][5:])
             h, d = int(f[1]), int(f[2])
             causal = len(f) > 3 and f[3] == "c"
             cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
@@ -100,7 +99,7 @@ def main(argv=None):
             if len(f) > 4 and f[4].startswith("w"):  # ``wN``: sliding window (N, 0)
                 left = int(f[4][1:])
                 kw = dict(window_size=(left, 0))
-                flops = 4 * b * h * d * sum(min(i + 1, left + 1) for i in range(s))
+                flops = 4 * b * h * d * visible_pairs(s, s, window=(left, 0))
                 label = f"{b}x{h}x{s}x{d} w({left},0)"
         ref, times = None, {v.name: [] for v in variants}
         for r in range(a.rounds):

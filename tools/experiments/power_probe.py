@@ -4,6 +4,7 @@ to back for a few seconds while ``nvidia-smi`` samples power.draw and clocks.sm 
 cap the clock each kernel gets is set by its energy per cycle (docs/perf-notes.md v14).
 
     python tools/experiments/power_probe.py B H S D [causal] [--seconds 4]
+    python tools/experiments/power_probe.py docs 16384+512*32 16 128 causal
 
 Needs an NVIDIA GPU with nvidia-smi; upstream FA4 (flash-attn-4) when importable.
 """
@@ -18,11 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import fa4_aot  # noqa: E402
-try:
-    from flash_attn.cute.interface import flash_attn_func
-except ImportError:  # fa4_aot alone
-    flash_attn_func = None
+from tools.experiments.prefill_ncu_probe import calls_for  # noqa: E402
 
 
 def sustained(f, seconds):
@@ -53,15 +50,10 @@ def sustained(f, seconds):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("shape", nargs="+", help="B H S D [causal]")
+    ap.add_argument("shape", nargs="+", help="B H S D [causal] | docs LENS H D [causal]")
     ap.add_argument("--seconds", type=float, default=4.0)
     a = ap.parse_args(argv)
-    b, h, s, d = (int(x) for x in a.shape[:4])
-    causal = len(a.shape) > 4 and a.shape[4] == "causal"
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    calls = {"fa4_aot": lambda: fa4_aot.attention(q, k, v, causal=causal)}
-    if flash_attn_func is not None:
-        calls["fa4"] = lambda: flash_attn_func(q, k, v, causal=causal)
+    calls = calls_for(a.shape)  # prefill_ncu_probe's inputs and calls
     names = list(calls)
     for name in names + names[::-1]:
         us, watts, mhz = sustained(calls[name], a.seconds)

@@ -35,34 +35,42 @@ def profile_once(calls, warmups=3):
     torch.cuda.profiler.stop()
 
 
-def docs_calls(argv):
-    """``docs LENS H D [causal]``: packed documents (``16384+512*32``: lengths joined by
-    ``+``, ``N*k`` = k documents of N tokens), varlen calls of both."""
-    lens = [int(n) for tok in argv[0].split("+")
+def doc_lens(spec: str) -> list[int]:
+    """``16384+512*32`` -> document lengths (joined by ``+``; ``N*k``: k documents of N)."""
+    return [int(n) for tok in spec.split("+")
             for n in ([tok.split("*")[0]] * int(tok.split("*")[1]) if "*" in tok else [tok])]
-    h, d = int(argv[1]), int(argv[2])
-    causal = len(argv) > 3 and argv[3] == "causal"
-    q, k, v = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16)
-               for _ in range(3))
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
-    calls = [lambda: fa4_aot.attention(q, k, v, causal=causal, **kw)]
-    if flash_attn_varlen_func is not None:
-        calls.insert(0, lambda: flash_attn_varlen_func(q, k, v, causal=causal, **kw))
+
+
+def calls_for(argv):
+    """``{provider: call}`` for ``B H S D [causal]`` (dense) or ``docs LENS H D [causal]``
+    (packed documents, varlen calls of both): FA4 first when importable, then fa4_aot."""
+    if argv[0] == "docs":
+        lens = doc_lens(argv[1])
+        h, d = int(argv[2]), int(argv[3])
+        causal = len(argv) > 4 and argv[4] == "causal"
+        q, k, v = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
+                          device="cuda")
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
+                  max_seqlen_k=max(lens))
+        fa4 = flash_attn_varlen_func
+    else:
+        b, h, s, d = (int(x) for x in argv[:4])
+        causal = len(argv) > 4 and argv[4] == "causal"
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        kw = {}
+        fa4 = flash_attn_func
+    calls = {}
+    if fa4 is not None:
+        calls["fa4"] = lambda: fa4(q, k, v, causal=causal, **kw)
+    calls["fa4_aot"] = lambda: fa4_aot.attention(q, k, v, causal=causal, **kw)
     return calls
 
 
 def main(argv):
-    if argv[0] == "docs":
-        profile_once(docs_calls(argv[1:]))
-        return
-    b, h, s, d = (int(x) for x in argv[:4])
-    causal = len(argv) > 4 and argv[4] == "causal"
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    calls = [lambda: fa4_aot.attention(q, k, v, causal=causal)]
-    if flash_attn_func is not None:
-        calls.insert(0, lambda: flash_attn_func(q, k, v, causal=causal))
-    profile_once(calls)
+    profile_once(list(calls_for(argv).values()))
 
 
 if __name__ == "__main__":
