@@ -26,4 +26,7 @@ k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in 
 for _ in range(2):
     out = fa4_aot.attention(q, k, v, causal=causal, scheduler=sched)
 torch.cuda.synchronize()
-print("ok", out.float().abs().mean().item())
+from fa4_aot import interface  # noqa: E402  (which kernels ran, for the log)
+names = sorted({kl.name for e in interface._tls.memo.values()
+                for kl in interface.derive_launches(e.call).launches})
+print("ok", out.float().abs().mean().item(), " ".join(names))

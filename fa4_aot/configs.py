@@ -36,9 +36,10 @@ class Tile:
     """Tile shape, pipeline depth and mainloop schedule chosen per (arch, head_dim).
 
     ``overlap``: issue S(n) and O += P(n+1)V(n+1) together and run the softmax of S(n) under the
-    PV wgmma; ``pingpong``: the two MMA warpgroups take turns issuing. Both on at every head_dim
-    since the P conversion stopped serialising the wgmmas (docs/perf-notes.md v7), except
-    ping-pong at hd256. ``rescale_early`` (with overlap): O is multiplied by the previous
+    PV wgmma; ``pingpong``: the MMA warpgroups take turns issuing (round robin over two or
+    three). Both on at every head_dim since the P conversion stopped serialising the wgmmas
+    (docs/perf-notes.md v7; three warpgroups since v15), except ping-pong at hd256.
+    ``rescale_early`` (with overlap): O is multiplied by the previous
     block's correction while S's wgmmas run, before the PV wgmma is issued, instead of after
     the wait for it (the same operations in the same order: bitwise the same O; v14)."""
 
@@ -51,10 +52,11 @@ class Tile:
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
-# hd64 takes three (192 rows, 160 registers each, no ping-pong: FA4's hd64 tile): 2x32x8k
-# 423 -> 485 TFLOP/s against the 128-row tile (docs/perf-notes.md v12).
+# hd64 takes three (192 rows, 160 registers each: FA4's hd64 tile): 2x32x8k 423 -> 485 TFLOP/s
+# against the 128-row tile (docs/perf-notes.md v12); the three take turns on the tensor cores
+# like FA4's (+0.5 to +3.6 %, v15).
 TILES = {
-    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, pingpong=False),
+    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4),
                96: Tile(m=128, n=128, kv_stages=2),
                128: Tile(m=128, n=128, kv_stages=2),
                192: Tile(m=128, n=112, kv_stages=2),
@@ -63,6 +65,16 @@ TILES = {
                256: Tile(m=128, n=80, kv_stages=2, pingpong=False, rescale_early=True)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
+
+# Wider key blocks: every block but the last needs no mask when nothing is masked, so a wider n
+# only amortises the per-block work (the O rescale, the row max and sum reductions, the
+# barriers, Q read again from shared memory for each block). hd128: 176 keys (FA3's non-causal
+# hd128 tile; 192 spills), +2 to +4 % on every non-causal shape measured, S = 512 to 32k and
+# packed documents. The non-causal kernels take it always; the causal ones have it as an
+# alternative (``KernelConfig.long_kv``) for calls whose rows see many keys
+# (``schedule.prefer_long_kv``): its diagonal blocks cost more (causal S = 2k -5 %, 1k -9 %),
+# its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15.
+TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2)}}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
@@ -115,6 +127,8 @@ class KernelConfig:
     kind: str = "fwd"
     # The 128-row alternative tile (TILES_M128) of a head dim whose main tile is taller.
     m128: bool = False
+    # The wide-n alternative (TILES_WIDE_N) of a causal prefill kernel, for long key ranges.
+    long_kv: bool = False
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -138,6 +152,10 @@ class KernelConfig:
         if self.m128 and (self.head_dim not in TILES_M128.get(self.arch, {}) or self.decode):
             raise ValueError(f"m128 is the 128-row alternative of the prefill tiles "
                              f"{sorted(TILES_M128.get(self.arch, {}))} on {self.arch}")
+        if self.long_kv and (not self.causal or self.decode or self.m128 or self.trace
+                             or self.head_dim not in TILES_WIDE_N.get(self.arch, {})):
+            raise ValueError(f"long_kv is the wide-n alternative of the causal prefill kernels "
+                             f"{sorted(TILES_WIDE_N.get(self.arch, {}))} on {self.arch}")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
@@ -145,11 +163,15 @@ class KernelConfig:
     @property
     def tile(self) -> Tile:
         """The tile of (arch, head_dim): TILES; DECODE_TILES / DECODE_WIDE_TILES for the
-        decode kernels; TILES_M128 for ``m128``."""
+        decode kernels; TILES_M128 for ``m128``; TILES_WIDE_N, where it has the head dim, for
+        the non-causal, non-local kernels and for ``long_kv``."""
         if self.decode:
             return (DECODE_WIDE_TILES if self.wide else DECODE_TILES)[self.head_dim]
         if self.m128:
             return TILES_M128[self.arch][self.head_dim]
+        wide_n = TILES_WIDE_N.get(self.arch, {}).get(self.head_dim)
+        if wide_n and (self.long_kv or not (self.causal or self.local)):
+            return wide_n
         return TILES[self.arch][self.head_dim]
 
     @property
@@ -177,7 +199,8 @@ class KernelConfig:
     def key(self) -> tuple:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
-                self.trace, self.softcap, self.decode, self.wide, self.kind, self.m128)
+                self.trace, self.softcap, self.decode, self.wide, self.kind, self.m128,
+                self.long_kv)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -205,6 +228,14 @@ def _space() -> Iterable[KernelConfig]:
                                                softcap=True)
                     if hd in TILES_M128.get(arch, {}) and not local:
                         yield KernelConfig(arch, dtype, hd, causal, "steal", m128=True)
+                    if hd in TILES_WIDE_N.get(arch, {}) and causal:
+                        # Every scheduler: a call gets the same tile (the same bits) whichever
+                        # scheduler runs it.
+                        for sched in SCHEDULERS_BY_ARCH[arch]:
+                            yield KernelConfig(arch, dtype, hd, causal, sched, long_kv=True)
+                        for sched in SOFTCAP_SCHEDULERS if arch == "sm_90a" else ():
+                            yield KernelConfig(arch, dtype, hd, causal, sched, softcap=True,
+                                               long_kv=True)
     # Decode / short-query kernels (packed GQA + split-KV; softcap at run time) and the
     # split-KV combine.
     for dtype in DTYPES:

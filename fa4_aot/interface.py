@@ -27,11 +27,11 @@ from typing import NamedTuple
 
 from . import runtime
 from .abi import KV_CHUNK
-from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128
+from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128, TILES_WIDE_N
 from .decode import MAX_PACKED_ROWS, MAX_SPLITS, choose_num_splits, use_decode_kernels
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
-from .schedule import choose_section, prefer_m128
+from .schedule import choose_section, prefer_long_kv, prefer_m128
 
 try:
     import torch
@@ -140,11 +140,12 @@ def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto",
                   trace: bool = False, local: bool = False, softcap: bool = False,
                   kind: str = "fwd", decode: bool = False, wide: bool = False,
-                  m128: bool = False):
+                  m128: bool = False, long_kv: bool = False):
     """(manifest name, record) of the kernel for this device and problem. ``decode``: the
     packed-GQA / split-KV / paged kernels (work stealing; softcap at run time; ``wide``: their
     128-row form for many packed rows); ``kind="combine"``: the split-KV merge; ``m128``: the
-    128-row alternative of a taller prefill tile (configs.TILES_M128)."""
+    128-row alternative of a taller prefill tile (configs.TILES_M128); ``long_kv``: the wide-n
+    alternative of a causal prefill kernel (configs.TILES_WIDE_N)."""
     arch = _device_arch(device)
     if kind == "combine" or decode:
         if arch != "sm_90a":
@@ -161,9 +162,29 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
             f"softcap is not supported on {arch}" if arch != "sm_90a" else
             "softcap kernels exist for scheduler 'auto', "
             + ", ".join(repr(s) for s in SOFTCAP_SCHEDULERS) + f"; got scheduler={scheduler!r}")
-    extra = {"m128": True} if m128 else {}
+    extra = {k: True for k, on in (("m128", m128), ("long_kv", long_kv)) if on}
     return load_manifest().find(arch, _torch_dtypes()[dtype], head_dim, causal, sched,
                                 trace=trace, local=local, softcap=softcap, **extra)
+
+
+def _long_kv_instead(c: "Call", rec: dict):
+    """The wide-n alternative of a causal kernel, (name, record), when the call's rows see
+    enough keys for it (:func:`fa4_aot.schedule.prefer_long_kv`, on the mean document lengths
+    for varlen calls); else None (also when the manifest was built without it). Every
+    scheduler has it, so a call gets the same tile whichever scheduler runs it."""
+    cfg = rec["config"]
+    if (not c.causal or c.local or c.trace or cfg.get("m128")
+            or cfg["head_dim"] not in TILES_WIDE_N.get(cfg["arch"], {})):
+        return None
+    mean_q, mean_k = ((c.q[0][1] / c.batch, c.k[0][1] / c.batch) if c.varlen
+                      else (c.seqlen_q, c.seqlen_k))
+    if not prefer_long_kv(mean_q, mean_k):
+        return None
+    try:
+        return select_kernel(c.device, c.dtype, c.head_dim, True, c.scheduler,
+                             softcap=c.softcap > 0, long_kv=True)
+    except ValueError:
+        return None
 
 
 def _m128_instead(c: "Call", rec: dict):
@@ -497,7 +518,7 @@ def derive_launches(c: Call) -> CallPlan:
     else:  # a window is its own kernel (causal windows are local with window_right = 0)
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
                                   c.softcap > 0)
-        name, rec = _m128_instead(c, rec) or (name, rec)
+        name, rec = _m128_instead(c, rec) or _long_kv_instead(c, rec) or (name, rec)
     launch = rec["launch"]
     if ((c.varlen or c.local or c.seqused_q or c.seqused_k)
             and not any(p["name"] == "seq_mode" for p in launch["params"])):

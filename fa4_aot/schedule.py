@@ -87,6 +87,21 @@ def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k
     return max(0, -(-hi // tile_n))
 
 
+# Causal calls whose rows see at least this many keys on average take the wide-n causal kernel
+# (configs.TILES_WIDE_N, ``KernelConfig.long_kv``). hd128, 176 against 128 keys, in-process
+# A/B (docs/perf-notes.md v15): causal S = 1k -9 %, 2k -5 %, 3k -2 %, 4k -1 to +1 %, 6k +1 %,
+# 8k +2 %, 16k +2 % (rows seeing S / 2 keys on average).
+LONG_KV_KEYS = 3072
+
+
+def prefer_long_kv(seqlen_q: float, seqlen_k: float) -> bool:
+    """Whether a causal call (mask bottom-right aligned) is cheaper on the wide-n kernel: its
+    rows see ``seqlen_k - seqlen_q / 2`` keys on average (all but a diagonal block unmasked);
+    wider blocks cost more on the diagonal and less in the steady state. Varlen calls pass the
+    mean document lengths."""
+    return seqlen_k - seqlen_q / 2 >= LONG_KV_KEYS
+
+
 # What a taller m tile gains per unit of work on sm_90a (hd64, 192 against 128 rows: 2x32x8k
 # non-causal 485 / 423 TFLOP/s = 1.15 in one run, docs/perf-notes.md v12), taken a little low.
 TALL_TILE_GAIN = 1.12

@@ -104,6 +104,37 @@ def test_hd64_tall_tile_and_its_128_row_alternative():
         (dt, causal, "steal", False, False) for dt in ("bf16", "fp16") for causal in (False, True)]
 
 
+def test_hd128_wide_n_tiles():
+    from fa4_aot.configs import CONFIG_SPACE, TILES_WIDE_N
+    assert TILES_WIDE_N["sm_90a"][128].n == 176
+    assert KernelConfig("sm_90a", "bf16", 128, False, "single").tile.n == 176
+    assert KernelConfig("sm_90a", "bf16", 128, True, "single").tile.n == 128
+    assert KernelConfig("sm_90a", "bf16", 128, False, "steal", local=True).tile.n == 128
+    assert KernelConfig("sm_90a", "bf16", 128, False, "steal", decode=True).tile.n == 128
+    alt = KernelConfig("sm_90a", "bf16", 128, True, "steal", long_kv=True)
+    assert alt.name == "fwd_sm_90a_bf16_hd128_causal_steal_m128n176s2"
+    assert alt.key != KernelConfig("sm_90a", "bf16", 128, True, "steal").key
+    for bad in (dict(head_dim=64), dict(causal=False), dict(decode=True), dict(trace=True),
+                dict(arch="sm_100a", scheduler="clc")):
+        with pytest.raises(ValueError, match="long_kv"):
+            KernelConfig(**{**dict(arch="sm_90a", dtype="bf16", head_dim=128, causal=True,
+                                   scheduler="steal", long_kv=True), **bad})
+    # every scheduler (the same tile, so the same bits, whichever runs a call) and softcap
+    alts = sorted((c.dtype, c.scheduler, c.softcap) for c in CONFIG_SPACE if c.long_kv)
+    assert alts == sorted((dt, s, sc) for dt in ("bf16", "fp16")
+                          for s, sc in (("single", False), ("static", False), ("steal", False),
+                                        ("single", True), ("steal", True)))
+
+
+@pytest.mark.parametrize("sq,sk,wide", [(1024, 1024, False), (4096, 4096, False),
+                                        (6144, 6144, True), (8192, 8192, True),
+                                        (1024, 8192, True), (8192, 1024, False),
+                                        (2048, 4096, True), (2048, 4000, False)])
+def test_prefer_long_kv(sq, sk, wide):
+    from fa4_aot.schedule import prefer_long_kv
+    assert prefer_long_kv(sq, sk) is wide
+
+
 @pytest.mark.parametrize("s,causal,pairs,short", [
     (1024, True, 512, True),     # causal 1k: a third more work on 192-row tiles
     (1024, False, 512, True),    # 1152 rows for 1024

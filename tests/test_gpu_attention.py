@@ -66,6 +66,24 @@ def test_schedulers_bitwise_identical(shape, causal, d):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
 
 
+@pytest.mark.parametrize("shape", [(1, 8193, 8193, 2, 2), (2, 700, 6000, 4, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_long_kv_causal_kernels(shape):
+    """Causal hd128 calls whose rows see >= 4k keys on average run on the wide-n (176-key)
+    alternative, with every scheduler (so the bits do not depend on the scheduler)."""
+    from fa4_aot import interface
+    b, sq, sk, h, hk = shape
+    outs = []
+    for s in SCHEDS:
+        interface.clear_memo()
+        outs.append(_run_and_check(b, sq, sk, h, hk, 128, torch.bfloat16, True, s))
+        (entry,) = interface._tls.memo.values()
+        (kl,) = interface.derive_launches(entry.call).launches
+        assert kl.record["config"]["long_kv"] and kl.record["launch"]["tile"]["n"] == 176, kl.name
+    for s, o in zip(SCHEDS[1:], outs[1:]):
+        assert torch.equal(o, outs[0]), f"{s} differs from single"
+
+
 def test_fresh_inputs_each_seed():
     for seed in range(3):
         _run_and_check(2, 333, 333, 3, 3, 64, torch.bfloat16, True, "steal", seed=seed)

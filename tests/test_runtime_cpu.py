@@ -642,6 +642,48 @@ def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
     assert kl.record["launch"]["tile"]["m"] == m, kl.name
 
 
+@pytest.mark.parametrize("sq,sk,causal,kw,n", [
+    (1024, 1024, False, {}, 176),                 # non-causal hd128: always the wide-n tile
+    (1024, 1024, False, {"scheduler": "single"}, 176),
+    (2048, 2048, True, {}, 128),                  # causal: rows see 1k keys on average
+    (8192, 8192, True, {}, 176),                  # 4k: the wide-n alternative
+    (4096, 4096, True, {}, 128),                  # 2k: not yet
+    (8192, 8192, True, {"scheduler": "single"}, 176),  # every scheduler: the same tile
+    (8192, 8192, True, {"scheduler": "static"}, 176),
+    (8192, 8192, True, {"softcap": 30.0}, 176),
+    (1024, 8192, True, {}, 176),                  # short queries on a long cache
+    (8192, 8192, True, {"window_size": (4096, 0)}, 128),  # windows keep their tile
+])
+def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
+    """hd128: non-causal kernels run on 176-key blocks; causal calls take the wide-n
+    alternative when schedule.prefer_long_kv says their rows see enough keys."""
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    q, k, v = _dense(b=1, sq=sq, sk=sk, h=2, hk=2, d=128)
+    with torch.no_grad():
+        fa4_aot.attention(q, k, v, causal=causal, **kw)
+    (entry,) = interface._tls.memo.values()
+    (kl,) = interface.derive_launches(entry.call).launches
+    assert kl.record["launch"]["tile"]["n"] == n, kl.name
+    assert kl.record["config"]["long_kv"] is (causal and n == 176)
+
+
+@pytest.mark.parametrize("lens,n", [([8192] * 3, 176), ([6144] * 4, 176),
+                                    ([16384] + [512] * 32, 128), ([4096] * 8, 128),
+                                    ([2048] * 16, 128)])
+def test_varlen_wide_n_on_mean_document_length(monkeypatch, lens, n):
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    q = torch.randn(sum(lens), 2, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        fa4_aot.attention(q, q, q, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                          max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    (entry,) = interface._tls.memo.values()
+    (kl,) = interface.derive_launches(entry.call).launches
+    assert kl.record["launch"]["tile"]["n"] == n, kl.name
+
+
 @pytest.mark.parametrize("lens,compact", [([4000] + [50] * 70, True), ([2048] * 4, False),
                                           ([1] * 20 + [1000], True), ([0, 513, 0], False),
                                           ([300], False)])

@@ -196,7 +196,7 @@ class FlashFwdSm90:
         self.mma_regs = min(240, (base + spare) // 8 * 8)
         self.binfo = BlockInfo(self.tile_m, self.tile_n, self.causal, self.local)
         self.intra_wg_overlap = cfg.tile.overlap
-        self.pingpong = cfg.tile.pingpong and self.num_mma_wg == 2
+        self.pingpong = cfg.tile.pingpong and self.num_mma_wg >= 2
         self.rescale_early = cfg.tile.rescale_early and self.intra_wg_overlap
 
     # ------------------------------------------------------------------ static pieces
@@ -731,8 +731,8 @@ class FlashFwdSm90:
                  softmax: Softmax, totals):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
-        With two MMA warpgroups they take turns issuing (ping-pong through named barriers), so
-        one's softmax overlaps the other's tensor-core work."""
+        With two or three MMA warpgroups they take turns issuing (ping-pong, round robin through
+        named barriers), so one's softmax overlaps the others' tensor-core work."""
         mma_qk, mma_pv = mmas
         sQ, sK, sV, slots = smem
         pipe_q, pipe_k, pipe_v, pipe_tile = pipes
@@ -951,11 +951,11 @@ class FlashFwdSm90:
         :meth:`qk_alone`).
 
         With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
-        K's): the tensor cores work on S meanwhile, and the other warpgroup's turn does not
-        wait on this one's V. Without (three MMA warpgroups, hd256, 64-row decode) both are
-        waited for first: on the three-warpgroup hd64 tile that measured 3-4 % faster
-        (docs/perf-notes.md v12; at hd256 either order, v14; the decode kernels keep the order
-        they had).
+        K's): the tensor cores work on S meanwhile, and the other warpgroups' turns do not
+        wait on this one's V (three warpgroups in turn: 0.5-2 % better than waiting for V
+        first, docs/perf-notes.md v15). Without (hd256, 64-row decode) both are waited for
+        first (v12: 3-4 % better on the three-warpgroup tile when it had no ping-pong; at hd256
+        either order, v14; the decode kernels keep the order they had).
 
         ``rescale_early`` (Tile): O is multiplied by the previous block's correction between
         the two issues, under S's wgmmas, instead of after the wait for PV; the mainloop does
@@ -1048,8 +1048,13 @@ class FlashFwdSm90:
             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
 
     def pingpong_signal(self, wg):
+        """The next warpgroup's turn (round robin over two or three)."""
         if cutlass.const_expr(self.pingpong):
-            cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
+            if cutlass.const_expr(self.num_mma_wg == 2):
+                cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
+            else:
+                cute.arch.barrier_arrive(barrier_id=1 + (wg + 1) % self.num_mma_wg,
+                                         number_of_threads=256)
 
     @cute.jit
     def gemm_qk(self, f: _Frags, stage):
