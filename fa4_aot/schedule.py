@@ -19,8 +19,13 @@ For non-causal attention every tile costs the same and the order only serves L2 
 
 from __future__ import annotations
 
-# Share of the 50 MB (H100) / 60 MB (H200) L2 we plan K/V residency for.
-L2_BUDGET_BYTES = 32 * 1024 * 1024
+# K/V bytes a section may hold. Far below the 50 MB L2: the persistent CTAs work on about one
+# wave of consecutive tiles at a time, each streaming its head's whole K/V at its own pace, and
+# the L2 is two partitions. At 32 MB (8 heads of 8k x hd128) ncu measured 643 MB read from
+# DRAM per 2x16x8k non-causal call against FA4's 202 MB; the HBM power that costs lowers the SM
+# clock at the H200's power cap. 8 MB under sustained load: non-causal hd64 / hd128 / hd256
+# -2.0 to -2.5 % time, causal hd128 -0.5 % (docs/perf-notes.md v15).
+L2_BUDGET_BYTES = 8 * 1024 * 1024
 
 
 def decode_tile(idx, num_m_blocks, num_heads, section):

@@ -76,6 +76,10 @@ def test_choose_section_divides_and_fits():
     for heads, batch, sk in [(16, 2, 8192), (17, 1, 512), (32, 32, 1024), (1, 1, 1 << 20)]:
         s = choose_section(heads, batch, sk, 128, 2)
         assert (heads * batch) % s == 0 and s >= 1
+    # 8 MB of K/V per section (perf-notes v15: 32 MB sections read 3x FA4's bytes from DRAM)
+    assert choose_section(16, 2, 8192, 128, 2) == 2
+    assert choose_section(32, 2, 8192, 64, 2) == 4
+    assert choose_section(32, 2, 8192, 128, 2, qhead_per_kvhead=4) == 8
 
 
 def test_num_n_blocks_causal_bottom_right():

@@ -632,14 +632,20 @@ def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch,
 def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
     """hd64 prefill runs on 192-row tiles unless schedule.prefer_m128 says the 128-row
     alternative costs less (full/causal work stealing only)."""
+    kl = _dense_launch(monkeypatch, dict(b=2, sq=s, sk=s, h=16, hk=16, d=64), causal=causal, **kw)
+    assert kl.record["launch"]["tile"]["m"] == m, kl.name
+
+
+def _dense_launch(monkeypatch, shape: dict, **kw):
+    """The one kernel launch of ``fa4_aot.attention`` on dense inputs of ``shape`` (_dense)."""
     from fa4_aot import interface
     fakecuda.install(monkeypatch)
-    q, k, v = _dense(b=2, sq=s, sk=s, h=16, hk=16, d=64)
+    q, k, v = _dense(**shape)
     with torch.no_grad():
-        fa4_aot.attention(q, k, v, causal=causal, **kw)
+        fa4_aot.attention(q, k, v, **kw)
     (entry,) = interface._tls.memo.values()
     (kl,) = interface.derive_launches(entry.call).launches
-    assert kl.record["launch"]["tile"]["m"] == m, kl.name
+    return kl
 
 
 @pytest.mark.parametrize("sq,sk,causal,kw,n", [
@@ -657,13 +663,8 @@ def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
 def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
     """hd128: non-causal kernels run on 176-key blocks; causal calls take the wide-n
     alternative when schedule.prefer_long_kv says their rows see enough keys."""
-    from fa4_aot import interface
-    fakecuda.install(monkeypatch)
-    q, k, v = _dense(b=1, sq=sq, sk=sk, h=2, hk=2, d=128)
-    with torch.no_grad():
-        fa4_aot.attention(q, k, v, causal=causal, **kw)
-    (entry,) = interface._tls.memo.values()
-    (kl,) = interface.derive_launches(entry.call).launches
+    kl = _dense_launch(monkeypatch, dict(b=1, sq=sq, sk=sk, h=2, hk=2, d=128), causal=causal,
+                       **kw)
     assert kl.record["launch"]["tile"]["n"] == n, kl.name
     assert kl.record["config"]["long_kv"] is (causal and n == 176)
 
@@ -672,16 +673,22 @@ def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
                                     ([16384] + [512] * 32, 128), ([4096] * 8, 128),
                                     ([2048] * 16, 128)])
 def test_varlen_wide_n_on_mean_document_length(monkeypatch, lens, n):
+    kl = _causal_varlen_launch(monkeypatch, lens, heads=2)
+    assert kl.record["launch"]["tile"]["n"] == n, kl.name
+
+
+def _causal_varlen_launch(monkeypatch, lens, heads):
+    """The one kernel launch of a causal hd128 varlen call over documents of ``lens``."""
     from fa4_aot import interface
     fakecuda.install(monkeypatch)
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    q = torch.randn(sum(lens), 2, 128, dtype=torch.bfloat16)
+    q = torch.randn(sum(lens), heads, 128, dtype=torch.bfloat16)
     with torch.no_grad():
         fa4_aot.attention(q, q, q, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
                           max_seqlen_q=max(lens), max_seqlen_k=max(lens))
     (entry,) = interface._tls.memo.values()
     (kl,) = interface.derive_launches(entry.call).launches
-    assert kl.record["launch"]["tile"]["n"] == n, kl.name
+    return kl
 
 
 @pytest.mark.parametrize("lens,compact", [([4000] + [50] * 70, True), ([2048] * 4, False),
@@ -689,13 +696,5 @@ def test_varlen_wide_n_on_mean_document_length(monkeypatch, lens, n):
                                           ([300], False)])
 def test_compact_varlen_bit(monkeypatch, lens, compact):
     """seq_mode bit 16 when at least half of the (document x m-block) grid must be empty."""
-    from fa4_aot import interface
-    fakecuda.install(monkeypatch)
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    q = torch.randn(sum(lens), 4, 128, dtype=torch.bfloat16)
-    with torch.no_grad():
-        fa4_aot.attention(q, q, q, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                          max_seqlen_q=max(lens), max_seqlen_k=max(lens))
-    (entry,) = interface._tls.memo.values()
-    (kl,) = interface.derive_launches(entry.call).launches
+    kl = _causal_varlen_launch(monkeypatch, lens, heads=4)
     assert bool(kl.values["seq_mode"] & 16) is compact

@@ -5,11 +5,15 @@ cap the clock each kernel gets is set by its energy per cycle (docs/perf-notes.m
 
     python tools/experiments/power_probe.py B H S D [causal] [--seconds 4]
     python tools/experiments/power_probe.py docs 16384+512*32 16 128 causal
+    python tools/experiments/power_probe.py 2 16 8192 128 --l2-budgets 32,8   # fa4_aot only,
+        # once per L2 section budget in MB (schedule.choose_section), A-B-B-A
+
 
 Needs an NVIDIA GPU with nvidia-smi; upstream FA4 (flash-attn-4) when importable.
 """
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -52,12 +56,31 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shape", nargs="+", help="B H S D [causal] | docs LENS H D [causal]")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--l2-budgets", help="comma list of MB: fa4_aot alone, once per section "
+                    "budget (the launch's L2 section, perf-notes v15)")
     a = ap.parse_args(argv)
     calls = calls_for(a.shape)  # prefill_ncu_probe's inputs and calls
+    if a.l2_budgets:
+        calls = {f"{mb}MB": _with_section_budget(calls["fa4_aot"], int(mb) << 20)
+                 for mb in a.l2_budgets.split(",")}
     names = list(calls)
     for name in names + names[::-1]:
         us, watts, mhz = sustained(calls[name], a.seconds)
         print(f"{name:8s} {us:9.1f} us/call {watts:7.1f} W {mhz:7.0f} MHz", flush=True)
+
+
+def _with_section_budget(call, budget):
+    """``call`` with fa4_aot's section choice (interface._section) at an L2 budget of
+    ``budget`` bytes: the launch plan is rebuilt (memo cleared) on the switch."""
+    from fa4_aot import interface, schedule
+
+    def run():
+        want = functools.partial(schedule.choose_section, l2_budget=budget)
+        if getattr(interface._section, "keywords", None) != want.keywords:
+            interface._section = want
+            interface.clear_memo()
+        return call()
+    return run
 
 
 if __name__ == "__main__":
