@@ -4,9 +4,8 @@
 # Cases: fewer tiles than CTAs (1 tile), SM count - 1 / + 1 tiles (131 / 133 on an H200), and
 # ~1000 tiles; causal and not; hd256 (two MMA warpgroups without ping-pong); hd128 on 176-key
 # blocks (non-causal, and the causal long_kv alternative: short queries on a long cache), both
-# ending in a partial block; a decode call
-# (packed GQA, split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed
-# varlen offsets and paged-KV tables).
+# ending in a partial block; a decode call (packed GQA, split-KV + combine); and, under memcheck
+# only, bench/bad_inputs.py (malformed varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u
