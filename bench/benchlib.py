@@ -711,7 +711,8 @@ def tile_decode(num_tiles: int, meta: dict | None):
         if "seqlen_k" in meta and "head_dim" in meta:
             section = choose_section(heads, batch, int(meta["seqlen_k"]), int(meta["head_dim"]),
                                      int(meta.get("elem_bytes", 2)),
-                                     int(meta.get("qhead_per_kvhead", 1)))
+                                     int(meta.get("qhead_per_kvhead", 1)),
+                                     bool(meta.get("causal", False)))
         else:
             section = heads * batch  # one section: order is m-block-major over all (h, b)
     mb = np.empty(num_tiles, np.int64)

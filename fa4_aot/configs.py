@@ -41,7 +41,11 @@ class Tile:
     (docs/perf-notes.md v7; three warpgroups since v15), except ping-pong at hd256.
     ``rescale_early`` (with overlap): O is multiplied by the previous
     block's correction while S's wgmmas run, before the PV wgmma is issued, instead of after
-    the wait for it (the same operations in the same order: bitwise the same O; v14)."""
+    the wait for it (the same operations in the same order: bitwise the same O; v14).
+    ``q_stages`` (sm_90a prefill): Q buffers; with 2 the producer loads the next tile's Q while
+    this tile runs, so a short tile does not wait for it (causal S <= 4k and packed documents
+    +1 to +3 %, S = 512 +10 %, long rows unchanged: v16). Where shared memory allows: not
+    hd192/hd256 or 176-key blocks. The decode kernels load Q themselves and keep one."""
 
     m: int
     n: int
@@ -49,6 +53,7 @@ class Tile:
     overlap: bool = True
     pingpong: bool = True
     rescale_early: bool = False
+    q_stages: int = 1
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -56,9 +61,9 @@ class Tile:
 # against the 128-row tile (docs/perf-notes.md v12); the three take turns on the tensor cores
 # like FA4's (+0.5 to +3.6 %, v15).
 TILES = {
-    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4),
-               96: Tile(m=128, n=128, kv_stages=2),
-               128: Tile(m=128, n=128, kv_stages=2),
+    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2),
+               96: Tile(m=128, n=128, kv_stages=2, q_stages=2),
+               128: Tile(m=128, n=128, kv_stages=2, q_stages=2),
                192: Tile(m=128, n=112, kv_stages=2),
                # hd256: the wgmmas are long next to an 80-column softmax; without ping-pong
                # and with O rescaled under S's wgmmas, +2-5 % (FA4's hd256 schedule; v14).
@@ -79,7 +84,7 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2)}}
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
 # more than it gains (``schedule.prefer_m128``: causal S = 1k, 290 against 250 TFLOP/s).
-TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3)}}
+TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
@@ -97,7 +102,8 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=4, pingpong=False),
 # with a third K/V stage at head_dim 128, with which the paged loads issue K and V in one pass
 # (chunked prefill page 16 +42 %, page 64 +2 %, docs/perf-notes.md v13). Larger head dims have
 # no shared memory for a third stage.
-DECODE_WIDE_TILES = {hd: TILES_M128["sm_90a"].get(hd, t) for hd, t in TILES["sm_90a"].items()}
+DECODE_WIDE_TILES = {hd: dataclasses.replace(TILES_M128["sm_90a"].get(hd, t), q_stages=1)
+                     for hd, t in TILES["sm_90a"].items()}
 DECODE_WIDE_TILES[128] = dataclasses.replace(DECODE_WIDE_TILES[128], kv_stages=3)
 
 # Derived from the tables above (the source of truth).

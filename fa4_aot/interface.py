@@ -535,7 +535,7 @@ def derive_launches(c: Call) -> CallPlan:
         num_m_blocks = -(-sq // tile_m)
         tiles = num_m_blocks * h * b
         splits = 1
-        section = _section(h, b, sk, d, c.elem_bytes, g)
+        section = _section(h, b, sk, d, c.elem_bytes, g, c.causal)
     num_tiles = tiles * splits
     # Varlen prefill whose (document x m-block) grid is mostly empty (one long document among
     # short ones): the kernel counts only the non-empty tiles (seq_mode bit 16). At most

@@ -24,8 +24,13 @@ from __future__ import annotations
 # the L2 is two partitions. At 32 MB (8 heads of 8k x hd128) ncu measured 643 MB read from
 # DRAM per 2x16x8k non-causal call against FA4's 202 MB; the HBM power that costs lowers the SM
 # clock at the H200's power cap. 8 MB under sustained load: non-causal hd64 / hd128 / hd256
-# -2.0 to -2.5 % time, causal hd128 -0.5 % (docs/perf-notes.md v15).
+# -2.0 to -2.5 % time, causal hd128 -0.5 % (docs/perf-notes.md v15); ncu: 210 MB (v16).
 L2_BUDGET_BYTES = 8 * 1024 * 1024
+
+# Causal calls keep at least two heads per section. One head's causal tiles ordered heaviest to
+# lightest before the next head's heaviest cost time: 2x8x8k hd256 causal -10 %, 4x8x8k -4.6 %
+# (8 MB = one head there), 8k hd128 causal -1.4 to -2 % at 4 MB (docs/perf-notes.md v15, v16).
+CAUSAL_MIN_SECTION = 2
 
 
 def decode_tile(idx, num_m_blocks, num_heads, section):
@@ -66,11 +71,14 @@ def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int)
 
 
 def choose_section(num_heads: int, batch: int, seqlen_k: int, head_dim: int, elem_bytes: int,
-                   qhead_per_kvhead: int = 1, l2_budget: int = L2_BUDGET_BYTES) -> int:
-    """Largest divisor of ``num_heads * batch`` whose K/V working set fits the L2 budget."""
+                   qhead_per_kvhead: int = 1, causal: bool = False,
+                   l2_budget: int = L2_BUDGET_BYTES) -> int:
+    """Largest divisor of ``num_heads * batch`` whose K/V working set fits the L2 budget
+    (causal: at most :data:`CAUSAL_MIN_SECTION` heads, whatever the budget)."""
     hb = num_heads * batch
     kv_bytes_per_q_head = 2 * seqlen_k * head_dim * elem_bytes / max(qhead_per_kvhead, 1)
-    cap = max(1, int(l2_budget // max(kv_bytes_per_q_head, 1)))
+    cap = max(CAUSAL_MIN_SECTION if causal else 1,
+              int(l2_budget // max(kv_bytes_per_q_head, 1)))
     best = 1
     d = 1
     while d * d <= hb:

@@ -51,6 +51,7 @@ def test_experiment_variant_tokens_override_the_tile():
     assert tile_overrides("noovl-nopp-s3-n176") == {"overlap": False, "pingpong": False,
                                                      "kv_stages": 3, "n": 176}
     assert tile_overrides("pp-re") == {"pingpong": True, "rescale_early": True}
+    assert tile_overrides("q1") == {"q_stages": 1}
     assert tile_overrides("") == {}
     with pytest.raises(ValueError, match="unknown kernel variant token 'n100'"):
         tile_overrides("n100")
@@ -80,6 +81,11 @@ def test_choose_section_divides_and_fits():
     assert choose_section(16, 2, 8192, 128, 2) == 2
     assert choose_section(32, 2, 8192, 64, 2) == 4
     assert choose_section(32, 2, 8192, 128, 2, qhead_per_kvhead=4) == 8
+    # causal: at least two heads (one costs 4.6-10 % at hd256, perf-notes v16)
+    assert choose_section(8, 2, 8192, 256, 2) == 1
+    assert choose_section(8, 2, 8192, 256, 2, causal=True) == 2
+    assert choose_section(16, 2, 8192, 128, 2, causal=True) == 2
+    assert choose_section(3, 1, 1 << 20, 128, 2, causal=True) == 1  # no divisor 2
 
 
 def test_num_n_blocks_causal_bottom_right():
@@ -106,6 +112,23 @@ def test_hd64_tall_tile_and_its_128_row_alternative():
     alts = [c for c in CONFIG_SPACE if c.m128]
     assert sorted((c.dtype, c.causal, c.scheduler, c.local, c.softcap) for c in alts) == [
         (dt, causal, "steal", False, False) for dt in ("bf16", "fp16") for causal in (False, True)]
+
+
+def test_two_q_buffers_where_shared_memory_allows():
+    """The next tile's Q loads while a tile runs (sm_90a prefill, v16): hd64/96/128 on 128-key
+    blocks; not the 176-key blocks, hd192/256 (no room) or the decode kernels (they load Q
+    themselves); the shared memory bound itself is checked on the built kernels
+    (tests/test_manifest_abi.py)."""
+    from fa4_aot.configs import CONFIG_SPACE, DECODE_TILES, DECODE_WIDE_TILES
+    two = {(c.head_dim, c.tile.n) for c in CONFIG_SPACE
+           if c.arch == "sm_90a" and c.tile.q_stages == 2}
+    assert two == {(64, 128), (96, 128), (128, 128)}
+    for c in CONFIG_SPACE:
+        if c.arch != "sm_90a" or c.decode or c.head_dim > 128 or c.tile.n != 128:
+            assert c.tile.q_stages == 1, c.name
+        else:
+            assert c.tile.q_stages == 2, c.name
+    assert all(t.q_stages == 1 for t in (*DECODE_TILES.values(), *DECODE_WIDE_TILES.values()))
 
 
 def test_hd128_wide_n_tiles():

@@ -88,6 +88,14 @@ def test_files_and_sha256(name):
     assert (ART / rec["ptx"]).is_file()
 
 
+def test_shared_memory_fits_one_cta():
+    """sm_90a and sm_100a give a CTA at most 227 KB of shared memory: a kernel above it builds
+    but cannot launch (the sm_90a kernel also asserts it while tracing)."""
+    over = {n: r["launch"]["dynamic_smem_bytes"] for n, r in MANIFEST["kernels"].items()
+            if r["launch"]["dynamic_smem_bytes"] > 227 * 1024}
+    assert over == {}
+
+
 @pytest.mark.parametrize("name", sorted(MANIFEST["kernels"]))
 def test_launch_abi_matches_ptx_entry(name):
     """The runtime packs parameters from this record: count, sizes and alignment must equal

@@ -39,6 +39,7 @@ spec). Nothing about the device (SM count) is baked in.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -175,6 +176,7 @@ class FlashFwdSm90:
         self.tile_m = cfg.tile.m
         self.tile_n = cfg.tile.n
         self.kv_stages = cfg.tile.kv_stages
+        self.q_stages = 1 if cfg.decode else cfg.tile.q_stages
         self.causal = cfg.causal
         self.local = cfg.local
         self.sched = cfg.scheduler
@@ -213,7 +215,7 @@ class FlashFwdSm90:
             dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
             (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
         )
-        sQ = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, 1)
+        sQ = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.q_stages)
         stages = self.kv_stages if kv_rows == self.tile_n else 1
         sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, stages)
         sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, stages)
@@ -256,7 +258,7 @@ class FlashFwdSm90:
 
         @cute.struct
         class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * TILE_SLOTS]
@@ -270,6 +272,9 @@ class FlashFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
         self.shared_storage = SharedStorage
+        # 227 KB per CTA on sm_90a: a tile whose buffers exceed it would build but not launch.
+        size = SharedStorage.size_in_bytes()
+        assert size <= 227 * 1024, f"{self.cfg.name}: shared storage of {size} B > 227 KB"
 
         self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, ptrs, strides, shape, softmax).launch(
             grid=[1, 1, 1],  # the runtime sets the grid
@@ -294,7 +299,7 @@ class FlashFwdSm90:
         producer_one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_mma_wg)
         pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages,
             producer_group=producer_one, consumer_group=consumer_warps,
             tx_count=self.q_bytes, defer_sync=True,
         )
@@ -423,7 +428,8 @@ class FlashFwdSm90:
         cpasync.prefetch_descriptor(tma_v)
         if cutlass.const_expr(not self.decode):
             cpasync.prefetch_descriptor(tma_q)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                               self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         # Prefill kernels: the tiles come from the fetcher warp. Decode kernels: this warp
         # fetches them itself and hands them on (after issuing a tile's loads, so the fetch's
@@ -467,7 +473,7 @@ class FlashFwdSm90:
                         cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                     if valid:
                         pipe_q.producer_acquire(q_state)
-                        cute.copy(tma_q, tQg, tQs[None, 0],
+                        cute.copy(tma_q, tQg, tQs[None, q_state.index],
                                   tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                         q_state.advance()
 
@@ -764,7 +770,8 @@ class FlashFwdSm90:
             row_scale=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
         )
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                               self.q_stages)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
@@ -797,8 +804,14 @@ class FlashFwdSm90:
                         self.load_q_packed(tidx, sQ, t, ptrs, strides, shape)
                     else:
                         pipe_q.consumer_wait(q_state)
+                    f_tile = f
+                    if cutlass.const_expr(self.q_stages > 1):
+                        # This tile's Q stage (the producer loads the next tile's Q into the
+                        # other one while this tile runs).
+                        f_tile = dataclasses.replace(
+                            f, tSrQ=f.tSrQ[None, None, None, q_state.index])
                     k_state, v_state = self.mainloop(
-                        tidx, f, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
+                        tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
                         shape, softmax)
                     if cutlass.const_expr(not self.decode):
                         pipe_q.consumer_release(q_state)
@@ -1064,7 +1077,9 @@ class FlashFwdSm90:
         atom = cute.make_mma_atom(f.mma_qk.op)
         for k in cutlass.range_constexpr(cute.size(f.tSrQ, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, k != 0)
-            cute.gemm(atom, f.acc_S, f.tSrQ[None, None, k, 0], f.tSrK[None, None, k, stage],
+            q = f.tSrQ[None, None, k] if cutlass.const_expr(self.q_stages > 1) \
+                else f.tSrQ[None, None, k, 0]
+            cute.gemm(atom, f.acc_S, q, f.tSrK[None, None, k, stage],
                       f.acc_S)
         warpgroup.commit_group()
 

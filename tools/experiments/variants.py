@@ -11,6 +11,7 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 ``pp`` / ``nopp``    the sm_90a warpgroup ping-pong on / off
 ``re`` / ``nore``    the sm_90a early O rescale (under S's wgmmas) on / off
 ``sN``               N K/V pipeline stages
+``qN``               N Q buffers (1 or 2; sm_90a prefill)
 ``nN``               an n tile of N keys (a multiple of 16)
 ``mN``               an m tile of N rows (64, 128 or 192 on sm_90a: one MMA warpgroup per 64)
 
@@ -52,6 +53,8 @@ def tile_overrides(variant: str) -> dict:
             out["pingpong"] = tok == "pp"
         elif tok in ("re", "nore"):
             out["rescale_early"] = tok == "re"
+        elif re.fullmatch(r"q[12]", tok):
+            out["q_stages"] = int(tok[1:])
         elif re.fullmatch(r"s[1-9]", tok):
             out["kv_stages"] = int(tok[1:])
         elif re.fullmatch(r"m(64|128|192)", tok):
