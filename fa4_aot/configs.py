@@ -83,7 +83,7 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2)}}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
-# more than it gains (``schedule.prefer_m128``: causal S = 1k, 290 against 250 TFLOP/s).
+# more than it gains (``schedule.prefer_m128``: causal S = 1k, 308 against 295 TFLOP/s in v16).
 TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of

@@ -73,8 +73,9 @@ def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int)
 def choose_section(num_heads: int, batch: int, seqlen_k: int, head_dim: int, elem_bytes: int,
                    qhead_per_kvhead: int = 1, causal: bool = False,
                    l2_budget: int = L2_BUDGET_BYTES) -> int:
-    """Largest divisor of ``num_heads * batch`` whose K/V working set fits the L2 budget
-    (causal: at most :data:`CAUSAL_MIN_SECTION` heads, whatever the budget)."""
+    """Largest divisor of ``num_heads * batch`` whose K/V working set fits the L2 budget;
+    causal calls take at least :data:`CAUSAL_MIN_SECTION` heads where a divisor allows,
+    whatever the budget."""
     hb = num_heads * batch
     kv_bytes_per_q_head = 2 * seqlen_k * head_dim * elem_bytes / max(qhead_per_kvhead, 1)
     cap = max(CAUSAL_MIN_SECTION if causal else 1,
@@ -115,9 +116,12 @@ def prefer_long_kv(seqlen_q: float, seqlen_k: float) -> bool:
     return seqlen_k - seqlen_q / 2 >= LONG_KV_KEYS
 
 
-# What a taller m tile gains per unit of work on sm_90a (hd64, 192 against 128 rows: 2x32x8k
-# non-causal 485 / 423 TFLOP/s = 1.15 in one run, docs/perf-notes.md v12), taken a little low.
-TALL_TILE_GAIN = 1.12
+# What a taller m tile gains per unit of work on sm_90a (hd64, 192 against 128 rows). Measured
+# on 13 shapes (causal and not, S = 512 to 16k, one process, docs/perf-notes.md v16): the time
+# ratio times the work ratio of tile_cost gives 1.22 to 1.28, median 1.25 (v12 had measured
+# 1.15 before the three warpgroups took turns; 1.12 then sent non-causal S = 512 / 1k to the
+# 128-row tile, 11-13 % slower).
+TALL_TILE_GAIN = 1.25
 
 
 def tile_cost(tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: bool,

@@ -164,7 +164,8 @@ def test_prefer_long_kv(sq, sk, wide):
 
 @pytest.mark.parametrize("s,causal,pairs,short", [
     (1024, True, 512, True),     # causal 1k: a third more work on 192-row tiles
-    (1024, False, 512, True),    # 1152 rows for 1024
+    (1024, False, 512, False),   # 1152 rows for 1024: the tall tile still wins (+10 %, v16)
+    (1024, False, 1, True),      # 6 tiles or 8 on 132 SMs: the largest tile decides
     (2048, True, 256, False),
     (8192, True, 64, False),
     (8192, False, 64, False),

@@ -624,7 +624,8 @@ def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch,
 @pytest.mark.parametrize("s,causal,kw,m", [
     (1024, True, {}, 128),                       # auto (steal): the 128-row alternative
     (4096, True, {}, 192),
-    (1024, False, {}, 128),
+    (1024, False, {}, 192),                      # 1152 rows for 1024, still cheaper
+    (256, False, {}, 128),                       # 384 rows for 256 (1.5x the work)
     (1024, True, {"scheduler": "single"}, 192),   # alternatives exist for steal only
     (1024, True, {"window_size": (256, 0)}, 192),  # and not for windows
     (1024, True, {"softcap": 30.0}, 192),
