@@ -804,12 +804,10 @@ class FlashFwdSm90:
                         self.load_q_packed(tidx, sQ, t, ptrs, strides, shape)
                     else:
                         pipe_q.consumer_wait(q_state)
-                    f_tile = f
-                    if cutlass.const_expr(self.q_stages > 1):
-                        # This tile's Q stage (the producer loads the next tile's Q into the
-                        # other one while this tile runs).
-                        f_tile = dataclasses.replace(
-                            f, tSrQ=f.tSrQ[None, None, None, q_state.index])
+                    # This tile's Q stage (with two, the producer loads the next tile's Q into
+                    # the other one while this tile runs).
+                    q_stage = q_state.index if cutlass.const_expr(self.q_stages > 1) else 0
+                    f_tile = dataclasses.replace(f, tSrQ=f.tSrQ[None, None, None, q_stage])
                     k_state, v_state = self.mainloop(
                         tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
                         shape, softmax)
@@ -1077,9 +1075,7 @@ class FlashFwdSm90:
         atom = cute.make_mma_atom(f.mma_qk.op)
         for k in cutlass.range_constexpr(cute.size(f.tSrQ, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, k != 0)
-            q = f.tSrQ[None, None, k] if cutlass.const_expr(self.q_stages > 1) \
-                else f.tSrQ[None, None, k, 0]
-            cute.gemm(atom, f.acc_S, q, f.tSrK[None, None, k, stage],
+            cute.gemm(atom, f.acc_S, f.tSrQ[None, None, k], f.tSrK[None, None, k, stage],
                       f.acc_S)
         warpgroup.commit_group()
 
