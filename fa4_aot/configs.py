@@ -89,12 +89,15 @@ TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2)}}
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
 # a tile cut into ``num_splits`` parts, merged by the combine kernel). One MMA warpgroup of 64
-# rows: a decode tile holds seqlen_q * group rows, often fewer than 64. Deeper K/V pipelines:
-# the work is bound by reading K and V.
-DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=4, pingpong=False),
-                96: Tile(m=64, n=128, kv_stages=3, pingpong=False),
-                128: Tile(m=64, n=128, kv_stages=3, pingpong=False),
-                192: Tile(m=64, n=112, kv_stages=2, pingpong=False),
+# rows: a decode tile holds seqlen_q * group rows, often fewer than 64. The work is bound by
+# reading K and V, and about 96 KB of K/V in flight per SM reads fastest: 192 KB (the earlier
+# 128 x 3 stages at hd128) measured 1-3.4 % slower on every contiguous decode row, 64 KB 1-6 %
+# slower (docs/perf-notes.md v17). Three stages or more where possible: the paged loads issue
+# K and V in one pass then (``merged_kv_loads``).
+DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False),
+                96: Tile(m=64, n=64, kv_stages=4, pingpong=False),
+                128: Tile(m=64, n=64, kv_stages=3, pingpong=False),
+                192: Tile(m=64, n=64, kv_stages=2, pingpong=False),
                 256: Tile(m=64, n=80, kv_stages=2, pingpong=False)}
 
 # The decode kernels with the 128-row tile (``KernelConfig.wide``: paged KV or forced splits

@@ -132,12 +132,13 @@ def test_two_q_buffers_where_shared_memory_allows():
 
 
 def test_hd128_wide_n_tiles():
-    from fa4_aot.configs import CONFIG_SPACE, TILES_WIDE_N
+    from fa4_aot.configs import CONFIG_SPACE, DECODE_TILES, TILES_WIDE_N
     assert TILES_WIDE_N["sm_90a"][128].n == 176
     assert KernelConfig("sm_90a", "bf16", 128, False, "single").tile.n == 176
     assert KernelConfig("sm_90a", "bf16", 128, True, "single").tile.n == 128
     assert KernelConfig("sm_90a", "bf16", 128, False, "steal", local=True).tile.n == 128
-    assert KernelConfig("sm_90a", "bf16", 128, False, "steal", decode=True).tile.n == 128
+    assert (KernelConfig("sm_90a", "bf16", 128, False, "steal", decode=True).tile
+            == DECODE_TILES[128])
     alt = KernelConfig("sm_90a", "bf16", 128, True, "steal", long_kv=True)
     assert alt.name == "fwd_sm_90a_bf16_hd128_causal_steal_m128n176s2"
     assert alt.key != KernelConfig("sm_90a", "bf16", 128, True, "steal").key
@@ -207,3 +208,18 @@ def test_compact_tiles_are_the_non_empty_tiles_once_longest_first():
     # documents in turn, m-blocks from the last, heads together
     assert got[:6] == [(2, 0, 0), (2, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0)]
     assert got[6:8] == [(0, 0, 2), (0, 1, 2)]
+
+
+def test_decode_tiles_keep_96kb_in_flight():
+    """The 64-row decode kernels read K/V fastest with about 96 KB of them in flight per SM
+    (192 KB: -2 to -3 %, 64 KB: -1 to -6 %, docs/perf-notes.md v17); hd256 kept its 80 x 2
+    (160 KB: 96 KB measured neutral there). Three stages or more where that allows, so that
+    paged K/V loads issue in one pass."""
+    from fa4_aot.configs import DECODE_TILES
+    for hd, t in DECODE_TILES.items():
+        in_flight = t.kv_stages * t.n * hd * 2 * 2  # K and V, 2-byte elements
+        if hd == 256:
+            assert in_flight == 160 * 1024
+        else:
+            assert in_flight == 96 * 1024, (hd, t)
+            assert t.kv_stages >= 3 or hd == 192, (hd, t)

@@ -112,9 +112,10 @@ def test_chunked_prefill_varlen_q_with_paged_kv(monkeypatch):
 
 
 @pytest.mark.parametrize("page,hd,want", [
-    (None, 128, 128), (None, 192, 112), (None, 256, 80),  # contiguous: one box per key block
-    (16, 128, 16), (32, 128, 32), (48, 128, 16), (64, 128, 64), (128, 128, 128),
-    (256, 128, 128), (64, 192, 16), (112, 192, 112), (160, 256, 80), (64, 64, 64)])
+    (None, 128, 64), (None, 192, 64), (None, 256, 80),  # contiguous: one box per key block
+    (16, 128, 16), (32, 128, 32), (48, 128, 16), (64, 128, 64), (128, 128, 64),
+    (256, 128, 64), (64, 192, 64), (112, 192, 16), (160, 256, 80), (64, 64, 64),
+    (96, 64, 32), (48, 96, 16)])
 def test_decode_kv_box_rows(monkeypatch, page, hd, want):
     """The decode kernels' K/V TMA box: the whole key block for contiguous K/V; with pages the
     largest box dividing both the page and the block (never crossing a page). The

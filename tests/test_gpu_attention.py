@@ -60,9 +60,15 @@ def test_matches_reference(shape, causal, d, dtype):
                                    (2, 2048, 2048, 67, 67)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("d", [128, 192])
 def test_schedulers_bitwise_identical(shape, causal, d):
+    """Every scheduler gives the same bits on the prefill kernels. Short queries (at most 128
+    packed rows) take the decode kernels under steal/auto, whose key blocks differ from the
+    prefill kernels' (64 against 128 keys at hd128): there steal is checked against the
+    reference only (README, ``scheduler``)."""
+    from fa4_aot.decode import use_decode_kernels
     b, sq, sk, h, hk = shape
     outs = [_run_and_check(b, sq, sk, h, hk, d, torch.bfloat16, causal, s) for s in SCHEDS]
-    for s, o in zip(SCHEDS[1:], outs[1:]):
+    bitwise = SCHEDS[1:-1] if use_decode_kernels(sq, h // hk, None, "steal") else SCHEDS[1:]
+    for s, o in zip(bitwise, outs[1:]):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
 
 

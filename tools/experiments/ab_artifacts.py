@@ -9,7 +9,8 @@ A shape is ``B,H,S,D[,c|wN]`` (dense, ``c``: causal, ``wN``: sliding window (N, 
 of the ``+``-joined lengths (``N*k``: k documents of N tokens), q/k/v varlen, or
 ``paged:B,SQ,SK,H,HK,PAGE``: causal attention of B sequences of SQ new tokens (varlen q when
 SQ > 1) against SK keys in a shuffled paged cache (bench/bench_decode.py's paged cases, hd128),
-or ``kv:B,SQ,SK,H,HK``: the same with contiguous (B, SK, HK, 128) K/V (decode shapes).
+or ``kv:B,SQ,SK,H,HK[,D]``: the same with contiguous (B, SK, HK, D) K/V (decode shapes; D
+128 unless given).
 
 A variant folder may hold only the kernels it changes (built with tools/experiments/
 variants.py --only ...); every call of a shape must find its kernel there. Outputs are
@@ -83,12 +84,12 @@ def main(argv=None):
             label = f"paged {b}x{sq}/{sk} {h}/{hk} p{page}"
         elif spec.startswith("kv:"):
             b, sq, sk, h, hk = (int(x) for x in [f[0][3:]] + f[1:5])
-            causal, d = True, 128
+            causal, d = True, int(f[5]) if len(f) > 5 else 128
             sets = [(torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16),
                      *(torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
                        for _ in range(2))) for _ in range(2)]
             flops = 4 * h * d * b * visible_pairs(sq, sk, True)
-            label = f"kv {b}x{sq}/{sk} {h}/{hk}"
+            label = f"kv {b}x{sq}/{sk} {h}/{hk} hd{d}"
         else:
             b, h, s, d = (int(x) for x in f[:4])
             causal = len(f) > 4 and f[4] == "c"

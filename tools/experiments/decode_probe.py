@@ -1,0 +1,94 @@
+"""Decode probes of docs/perf-notes.md v17 (hd128, causal, one query token, 32 query heads):
+
+    python tools/experiments/decode_probe.py [A][B][C]
+
+A: batch 16-40 of MHA 32/32 with 8k keys (3.9-9.7 waves of the persistent grid), fa4_aot
+   against upstream FA4 (when importable): does either step at whole waves?
+B: K/V laid out head-major (a (B, H, S, D) tensor seen through a transpose, so each CTA streams
+   contiguous memory) against the usual (B, S, H, D), MHA and GQA 32/8: DRAM page locality?
+C: forced ``num_splits`` 1-4 on four MHA shapes (fa4_aot only).
+
+µs per call: CUDA events around 10 calls, median of 5 rounds taken round the providers (order
+reversed every other round). Needs an sm_90 GPU.
+"""
+
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import fa4_aot  # noqa: E402
+from bench.bench_decode import time_calls  # noqa: E402
+
+try:
+    from flash_attn.cute.interface import flash_attn_func
+except Exception as e:  # noqa: BLE001 - FA4 is optional here
+    print(f"FA4 not importable ({type(e).__name__}): fa4_aot only")
+    flash_attn_func = None
+
+
+def fa4(q, k, v):
+    o = flash_attn_func(q, k, v, causal=True)
+    return o[0] if isinstance(o, tuple) else o
+
+
+def timed(fns, rounds=5, iters=10):
+    for f in fns.values():
+        f()
+        time_calls(f, 2)
+    res = {n: [] for n in fns}
+    for r in range(rounds):
+        for n, f in (list(fns.items())[::-1] if r % 2 else fns.items()):
+            res[n].append(time_calls(f, iters) * 1e3)
+    return {n: statistics.median(v) for n, v in res.items()}
+
+
+def inputs(b, sk, hk, head_major=False):
+    q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    if head_major:
+        k, v = (torch.randn(b, hk, sk, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                for _ in range(2))
+    else:
+        k, v = (torch.randn(b, sk, hk, 128, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+    return q, k, v
+
+
+def providers(q, k, v):
+    fns = {"fa4_aot": lambda: fa4_aot.attention(q, k, v, causal=True)}
+    if flash_attn_func is not None:
+        fns["fa4"] = lambda: fa4(q, k, v)
+    return fns
+
+
+def row(label, t):
+    return f"{label:28s}" + "".join(f"  {n} {x:8.1f}" for n, x in t.items())
+
+
+def main(mode):
+    if "A" in mode:
+        print("A: batch sweep, MHA 32/32, 8k keys (us)")
+        for b in (16, 20, 24, 28, 30, 31, 32, 33, 34, 36, 40):
+            t = timed(providers(*inputs(b, 8192, 32)))
+            print(row(f"B{b} ({b * 32 / 132:.2f} waves)", t), flush=True)
+    if "B" in mode:
+        print("B: K/V layout, B=32, 8k keys (us)")
+        for hk in (32, 8):
+            for hm in (False, True):
+                t = timed(providers(*inputs(32, 8192, hk, hm)))
+                print(row(f"32/{hk} {'head-major' if hm else '(B, S, H, D)'}", t), flush=True)
+    if "C" in mode:
+        print("C: forced num_splits, MHA 32/32 (us)")
+        for b, sk in ((32, 8192), (8, 32768), (24, 8192), (16, 8192)):
+            q, k, v = inputs(b, sk, 32)
+            t = timed({f"s{s}": (lambda s=s: fa4_aot.attention(q, k, v, causal=True,
+                                                                num_splits=s))
+                       for s in (1, 2, 3, 4)})
+            print(row(f"B{b} x {sk // 1024}k", t), flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "ABC")
