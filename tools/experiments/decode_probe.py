@@ -6,7 +6,7 @@ A: batch 16-40 of MHA 32/32 with 8k keys (3.9-9.7 waves of the persistent grid),
    against upstream FA4 (when importable): does either step at whole waves?
 B: K/V laid out head-major (a (B, H, S, D) tensor seen through a transpose, so each CTA streams
    contiguous memory) against the usual (B, S, H, D), MHA and GQA 32/8: DRAM page locality?
-C: forced ``num_splits`` 1-4 on four MHA shapes (fa4_aot only).
+C: forced ``num_splits`` 1-6 and 8 on eight shapes of 256-2,048 tiles (fa4_aot only).
 
 µs per call: CUDA events around 10 calls, median of 5 rounds taken round the providers (order
 reversed every other round). Needs an sm_90 GPU.
@@ -80,14 +80,16 @@ def main(mode):
                 t = timed(providers(*inputs(32, 8192, hk, hm)))
                 print(row(f"32/{hk} {'head-major' if hm else '(B, S, H, D)'}", t), flush=True)
     if "C" in mode:
-        print("C: forced num_splits, MHA 32/32 (us)")
-        for b, sk in ((32, 8192), (8, 32768), (24, 8192), (16, 8192)):
-            q, k, v = inputs(b, sk, 32)
+        print("C: forced num_splits (us)")
+        for b, sk, hk in ((32, 8192, 32), (16, 8192, 32), (24, 8192, 32), (40, 8192, 32),
+                          (48, 8192, 32), (64, 4096, 32), (8, 32768, 32), (32, 8192, 8)):
+            q, k, v = inputs(b, sk, hk)
             t = timed({f"s{s}": (lambda s=s: fa4_aot.attention(q, k, v, causal=True,
                                                                 num_splits=s))
-                       for s in (1, 2, 3, 4)})
-            print(row(f"B{b} x {sk // 1024}k", t), flush=True)
-        torch.cuda.empty_cache()
+                       for s in (1, 2, 3, 4, 5, 6, 8)})
+            print(row(f"B{b} x {sk // 1024}k, 32/{hk}", t), flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
