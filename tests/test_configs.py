@@ -212,7 +212,7 @@ def test_compact_tiles_are_the_non_empty_tiles_once_longest_first():
 
 def test_decode_tiles_keep_96kb_in_flight():
     """The 64-row decode kernels read K/V fastest with about 96 KB of them in flight per SM
-    (192 KB: -2 to -3 %, 64 KB: -1 to -6 %, docs/perf-notes.md v17); hd256 kept its 80 x 2
+    (192 KB: -1 to -3 %, 64 KB: up to -6 %, docs/perf-notes.md v17); hd256 kept its 80 x 2
     (160 KB: 96 KB measured neutral there). Three stages or more where that allows, so that
     paged K/V loads issue in one pass."""
     from fa4_aot.configs import DECODE_TILES
