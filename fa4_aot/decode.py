@@ -10,8 +10,11 @@ from __future__ import annotations
 
 DECODE_TILE_M = 64
 # The decode path serves calls whose packed rows (seqlen_q * group) fill at most this many
-# rows: two 64-row tiles. Longer queries fill the 128-row tiles of the prefill kernels.
+# rows, and GQA calls whose query heads would leave the prefill kernels' 128-row tiles mostly
+# empty (:func:`packing_pays`). Calls with more packed rows than one 64-row tile take the
+# 128-row decode kernels (:func:`use_wide_tile`).
 MAX_PACKED_ROWS = 128
+PREFILL_TILE_M = 128
 MAX_SPLITS = 128
 # Split only while each split keeps at least this many key blocks: a split costs a tile
 # start-up (Q load, pipeline fill), the combine reads its partial result again, and the
@@ -22,13 +25,33 @@ MIN_BLOCKS_PER_SPLIT = 8
 def use_decode_kernels(seqlen_q: int, group: int, num_splits: int | None,
                        scheduler: str, trace: bool = False) -> bool:
     """Whether a call runs on the decode kernels: short queries (seqlen_q * group <= 128
-    packed rows), or any call that asks for num_splits > 1; work stealing only (the decode
-    kernels are built for ``steal``, which ``auto`` picks)."""
+    packed rows), GQA calls that packing serves better (:func:`packing_pays`), or any call
+    that asks for num_splits > 1; work stealing only (the decode kernels are built for
+    ``steal``, which ``auto`` picks)."""
     if trace or scheduler not in ("auto", "steal"):
         return False
     if num_splits is not None and num_splits > 1:
         return True
-    return seqlen_q * group <= MAX_PACKED_ROWS
+    return seqlen_q * group <= MAX_PACKED_ROWS or packing_pays(seqlen_q, group)
+
+
+def packing_pays(seqlen_q: int, group: int) -> bool:
+    """Packing the ``group`` query heads of a KV head into shared 128-row tiles at least
+    halves the tiles, each of which reads the KV head's K and V: ``ceil(seqlen_q * group /
+    128)`` packed against ``group * ceil(seqlen_q / 128)`` in the prefill kernels (one query
+    head per tile). E.g. 16 query tokens of 16 heads per KV head: 2 tiles against 16 tiles of
+    16 rows (H200, hd128, 64 x 4k keys: 733 us unpacked, FA4 134; docs/perf-notes.md v17)."""
+    packed = -(-seqlen_q * group // PREFILL_TILE_M)
+    plain = group * -(-seqlen_q // PREFILL_TILE_M)
+    return group > 1 and 2 * packed <= plain
+
+
+def use_wide_tile(seqlen_q: int, group: int) -> bool:
+    """More packed rows than one 64-row decode tile: the 128-row decode kernels, which read a
+    KV head's K/V once per 128 rows where the 64-row ones read them once per 64 (H200, hd128,
+    64 x 4k keys, 8 query heads per KV head, 16 tokens: 349 us on two 64-row tiles;
+    docs/perf-notes.md v17)."""
+    return seqlen_q * group > DECODE_TILE_M
 
 
 def choose_num_splits(tiles: int, n_blocks: int, num_sms: int) -> int:

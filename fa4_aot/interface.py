@@ -28,7 +28,7 @@ from typing import NamedTuple
 from . import runtime
 from .abi import KV_CHUNK
 from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128, TILES_WIDE_N
-from .decode import MAX_PACKED_ROWS, MAX_SPLITS, choose_num_splits, use_decode_kernels
+from .decode import MAX_SPLITS, choose_num_splits, use_decode_kernels, use_wide_tile
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
 from .schedule import choose_section, prefer_long_kv, prefer_m128
@@ -511,10 +511,11 @@ def derive_launches(c: Call) -> CallPlan:
         decode = False  # short queries elsewhere: the plain kernels (select_kernel refuses the
         # decode kernels, i.e. paging and splits, on other archs, naming them)
     if decode:  # packed GQA (+ split-KV, + paged KV); softcap is a run-time value there
-        # Many packed rows (chunked prefill over pages, forced splits on long queries): the
-        # 128-row form, two MMA warpgroups taking turns on the tensor cores.
+        # More packed rows than one 64-row tile (chunked prefill over pages, many query tokens
+        # per KV head, forced splits on long queries): the 128-row form, two MMA warpgroups
+        # taking turns on the tensor cores.
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
-                                  decode=True, wide=sq * g > MAX_PACKED_ROWS)
+                                  decode=True, wide=use_wide_tile(sq, g))
     else:  # a window is its own kernel (causal windows are local with window_right = 0)
         name, rec = select_kernel(c.device, c.dtype, d, c.causal, c.scheduler, c.trace, c.local,
                                   c.softcap > 0)

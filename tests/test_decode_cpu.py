@@ -5,7 +5,7 @@ with a fake driver (tests/fakecuda.py)."""
 import pytest
 
 from fa4_aot.decode import (MIN_BLOCKS_PER_SPLIT, choose_num_splits, split_ranges,
-                            use_decode_kernels)
+                            use_decode_kernels, use_wide_tile)
 
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
@@ -41,10 +41,39 @@ def test_split_ranges_cover_every_block_once(n_min, n_max, splits):
 def test_routing_rule():
     assert use_decode_kernels(1, 4, None, "auto")
     assert use_decode_kernels(16, 8, None, "steal")
-    assert not use_decode_kernels(17, 8, None, "auto")          # 136 packed rows
+    assert use_decode_kernels(17, 8, None, "auto")      # 136 packed rows: 2 tiles against 8
+    assert use_decode_kernels(16, 16, None, "auto")     # 2 tiles against 16
+    assert use_decode_kernels(64, 4, None, "auto")      # 2 tiles against 4
+    assert not use_decode_kernels(100, 4, None, "auto")  # 4 tiles either way
+    assert not use_decode_kernels(50, 3, None, "auto")   # 2 against 3: not half
+    assert not use_decode_kernels(256, 8, None, "auto")  # 16 either way
+    assert not use_decode_kernels(129, 1, None, "auto")  # no group to pack
     assert use_decode_kernels(4096, 1, 4, "auto")               # asked for splits
     assert not use_decode_kernels(1, 4, None, "single")
     assert not use_decode_kernels(1, 4, None, "auto", trace=True)
+    # the 128-row decode kernels once the packed rows pass one 64-row tile
+    assert not use_wide_tile(1, 64) and not use_wide_tile(8, 8)
+    assert use_wide_tile(16, 8) and use_wide_tile(65, 1) and use_wide_tile(16, 16)
+
+
+@pytest.mark.parametrize("sq,h,hk,m,m_blocks", [(8, 64, 8, 64, 1), (16, 64, 8, 128, 1),
+                                                 (16, 32, 2, 128, 2), (100, 16, 4, 128, 1)])
+def test_short_gqa_queries_take_the_packed_tiles(monkeypatch, sq, h, hk, m, m_blocks):
+    """Packed rows past one 64-row tile take the 128-row decode kernels; GQA calls whose query
+    heads would leave the 128-row prefill tiles mostly empty are packed too; the rest keep the
+    prefill kernels (one query head per tile)."""
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    q = torch.randn(2, sq, h, 128, dtype=torch.bfloat16)
+    k = torch.randn(2, 1000, hk, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        fa4_aot.attention(q, k, k, causal=True)
+    (entry,) = interface._tls.memo.values()
+    main = interface.derive_launches(entry.call).launches[0]
+    packed = main.record["launch"]["pack_gqa"]
+    assert packed == use_decode_kernels(sq, h // hk, None, "auto")
+    assert main.record["launch"]["tile"]["m"] == m
+    assert main.values["num_m_blocks"] == m_blocks
 
 
 def _launches(drv):

@@ -157,14 +157,32 @@ def test_decode_graph_capture_and_custom_op():
 @pytest.mark.parametrize("d", [64, 128])
 def test_packed_gqa_rows_bitwise_equal_to_unpacked(d):
     # Packing a KV head's query heads into one tile changes no row's arithmetic: the same
-    # call with K/V repeated per query head (no packing) gives the same bits.
-    q, k, v = _inputs(2, 16, 3000, 32, 4, d)
+    # call with K/V repeated per query head (no packing) gives the same bits (64 packed rows:
+    # the 64-row decode kernel either way).
+    q, k, v = _inputs(2, 8, 3000, 64, 8, d)
     packed = fa4_aot.attention(q, k, v, causal=True, num_splits=1)
     plain = fa4_aot.attention(q, k.repeat_interleave(8, dim=2), v.repeat_interleave(8, dim=2),
                               causal=True, num_splits=1)
     assert torch.equal(packed, plain)
     if d == 64:  # hd64: the decode and prefill kernels share the key block (128 keys)
         assert torch.equal(packed, fa4_aot.attention(q, k, v, causal=True, scheduler="single"))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sq,h,hk", [(16, 64, 8), (16, 32, 2), (40, 32, 4), (3, 48, 1)])
+@pytest.mark.parametrize("mask", ["causal", "window"])
+def test_short_gqa_queries_on_the_128_row_decode_kernels(sq, h, hk, d, mask):
+    """More packed rows than one 64-row tile, without splits: the 128-row decode kernels
+    (contiguous K/V, one tile or several per KV head; 48 query heads of one KV head: 144
+    packed rows, a partial second tile)."""
+    from fa4_aot import interface
+    q, k, v = _inputs(2, sq, 1500, h, hk, d)
+    interface.clear_memo()
+    out, lse = fa4_aot.attention(q, k, v, return_lse=True, **MASKS[mask])
+    (entry,) = interface._tls.memo.values()
+    main = interface.derive_launches(entry.call).launches[0]  # (+ the combine when split)
+    assert main.record["config"]["decode"] and main.record["launch"]["tile"]["m"] == 128
+    _check(out, lse, q, k, v, **MASKS[mask])
 
 
 @pytest.mark.parametrize("num_splits", [2, 5])
