@@ -20,29 +20,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
-from bench.bench_decode import time_calls  # noqa: E402
+from bench.bench_decode import measure, providers_available  # noqa: E402
 
-try:
-    from flash_attn.cute.interface import flash_attn_func
-except Exception as e:  # noqa: BLE001 - FA4 is optional here
-    print(f"FA4 not importable ({type(e).__name__}): fa4_aot only")
-    flash_attn_func = None
-
-
-def fa4(q, k, v):
-    o = flash_attn_func(q, k, v, causal=True)
-    return o[0] if isinstance(o, tuple) else o
+PROVIDERS = providers_available(["fa4_aot", "fa4"])  # FA4 when importable (else a note)
 
 
 def timed(fns, rounds=5, iters=10):
-    for f in fns.values():
-        f()
-        time_calls(f, 2)
-    res = {n: [] for n in fns}
-    for r in range(rounds):
-        for n, f in (list(fns.items())[::-1] if r % 2 else fns.items()):
-            res[n].append(time_calls(f, iters) * 1e3)
-    return {n: statistics.median(v) for n, v in res.items()}
+    """{name: callable} -> {name: µs per call}: bench_decode's measure (round the providers in
+    turn), medians; a provider that raised is left out."""
+    res = measure(fns, rounds, iters)
+    return {n: statistics.median(r["times"]) * 1e3 for n, r in res.items() if r["times"]}
 
 
 def inputs(b, sk, hk, head_major=False):
@@ -57,10 +44,7 @@ def inputs(b, sk, hk, head_major=False):
 
 
 def providers(q, k, v):
-    fns = {"fa4_aot": lambda: fa4_aot.attention(q, k, v, causal=True)}
-    if flash_attn_func is not None:
-        fns["fa4"] = lambda: fa4(q, k, v)
-    return fns
+    return {n: (lambda f=f: f(q, k, v)) for n, f in PROVIDERS.items()}
 
 
 def row(label, t):
