@@ -59,9 +59,12 @@ class Tile:
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
 # hd64 takes three (192 rows, 160 registers each: FA4's hd64 tile): 2x32x8k 423 -> 485 TFLOP/s
 # against the 128-row tile (docs/perf-notes.md v12); the three take turns on the tensor cores
-# like FA4's (+0.5 to +3.6 %, v15).
+# like FA4's (+0.5 to +3.6 %, v15). O rescaled under S's wgmmas (``rescale_early``) where a tile
+# has many key blocks: hd64 on 192 rows +1.1 to +2.1 % on every shape measured, causal S = 2k to
+# 16k, packed documents, non-causal (docs/perf-notes.md v18); the 128-key hd128 tile, whose
+# calls are short causal rows and windows, keeps it off (causal S = 1k / 2k -0.9 / -0.5 %).
 TILES = {
-    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2),
+    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True),
                96: Tile(m=128, n=128, kv_stages=2, q_stages=2),
                128: Tile(m=128, n=128, kv_stages=2, q_stages=2),
                192: Tile(m=128, n=112, kv_stages=2),
@@ -78,8 +81,10 @@ TILES = {
 # packed documents. The non-causal kernels take it always; the causal ones have it as an
 # alternative (``KernelConfig.long_kv``) for calls whose rows see many keys
 # (``schedule.prefer_long_kv``): its diagonal blocks cost more (causal S = 2k -5 %, 1k -9 %),
-# its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15.
-TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2)}}
+# its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15. O rescaled under
+# S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k included) and causal
+# 8k / 16k (v18).
+TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True)}}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs

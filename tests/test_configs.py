@@ -223,3 +223,18 @@ def test_decode_tiles_keep_96kb_in_flight():
         else:
             assert in_flight == 96 * 1024, (hd, t)
             assert t.kv_stages >= 3 or hd == 192, (hd, t)
+
+
+def test_early_rescale_on_the_long_row_tiles():
+    """O is rescaled under S's wgmmas where tiles have many key blocks (hd64's 192 rows, hd128's
+    176 keys, hd256): +1 to +2.6 % there; the 128-key hd128 tile (short causal rows, windows)
+    and hd64's 128-row tile keep the rescale after the PV wait (docs/perf-notes.md v18). The
+    decode kernels, derived from the 128-row tiles, keep theirs (none changed)."""
+    from fa4_aot.configs import DECODE_TILES, DECODE_WIDE_TILES, TILES, TILES_M128, TILES_WIDE_N
+    sm90 = TILES["sm_90a"]
+    assert sm90[64].rescale_early and TILES_WIDE_N["sm_90a"][128].rescale_early
+    assert sm90[256].rescale_early
+    assert not sm90[128].rescale_early and not TILES_M128["sm_90a"][64].rescale_early
+    assert not any(t.rescale_early for t in DECODE_TILES.values())
+    assert [hd for hd, t in DECODE_WIDE_TILES.items() if t.rescale_early] == [256]
+
