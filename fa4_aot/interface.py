@@ -31,7 +31,7 @@ from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128, TILES_W
 from .decode import MAX_SPLITS, choose_num_splits, use_decode_kernels, use_wide_tile
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
-from .schedule import choose_section, prefer_long_kv, prefer_m128
+from .schedule import choose_section, prefer_long_kv, prefer_m128, varlen_length
 
 try:
     import torch
@@ -169,16 +169,18 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
 
 def _long_kv_instead(c: "Call", rec: dict):
     """The wide-n alternative of a causal kernel, (name, record), when the call's rows see
-    enough keys for it (:func:`fa4_aot.schedule.prefer_long_kv`, on the mean document lengths
-    for varlen calls); else None (also when the manifest was built without it). Every
-    scheduler has it, so a call gets the same tile whichever scheduler runs it."""
+    enough keys for it (:func:`fa4_aot.schedule.prefer_long_kv`; varlen calls on
+    :func:`fa4_aot.schedule.varlen_length`, from the packed totals and max_seqlen); else None
+    (also when the manifest was built without it). Every scheduler has it, so a call gets the
+    same tile whichever scheduler runs it."""
     cfg = rec["config"]
     if (not c.causal or c.local or c.trace or cfg.get("m128")
             or cfg["head_dim"] not in TILES_WIDE_N.get(cfg["arch"], {})):
         return None
-    mean_q, mean_k = ((c.q[0][1] / c.batch, c.k[0][1] / c.batch) if c.varlen
-                      else (c.seqlen_q, c.seqlen_k))
-    if not prefer_long_kv(mean_q, mean_k):
+    len_q, len_k = ((varlen_length(c.q[0][1], c.batch, c.seqlen_q),
+                     varlen_length(c.k[0][1], c.batch, c.seqlen_k)) if c.varlen
+                    else (c.seqlen_q, c.seqlen_k))
+    if not prefer_long_kv(len_q, len_k):
         return None
     try:
         return select_kernel(c.device, c.dtype, c.head_dim, True, c.scheduler,

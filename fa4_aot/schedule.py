@@ -111,9 +111,25 @@ LONG_KV_KEYS = 3072
 def prefer_long_kv(seqlen_q: float, seqlen_k: float) -> bool:
     """Whether a causal call (mask bottom-right aligned) is cheaper on the wide-n kernel: its
     rows see ``seqlen_k - seqlen_q / 2`` keys on average (all but a diagonal block unmasked);
-    wider blocks cost more on the diagonal and less in the steady state. Varlen calls pass the
-    mean document lengths."""
+    wider blocks cost more on the diagonal and less in the steady state. Varlen calls pass
+    :func:`varlen_length` of q and of k."""
     return seqlen_k - seqlen_q / 2 >= LONG_KV_KEYS
+
+
+def varlen_length(total: int, docs: int, max_len: int) -> float:
+    """The document length the launch rules take for a packed batch: sum(L^2) / sum(L), the
+    length of the document an average token is in (a causal row sees half of it on average),
+    estimated from what the host has without reading the device offsets: the longest document
+    (``max_len``, at most ``total``) and the other ``docs - 1`` of equal length — exact for such
+    mixes, a lower bound for the others, never below the mean ``total / docs``. The mean alone
+    undercounts a mix of one long and many short documents: 16k + 32 x 512 has a mean of 993
+    tokens, half its tokens in the 16k document (8,448 here), and ran 2.5 % faster on the wide-n
+    kernel (docs/perf-notes.md v18)."""
+    if docs <= 1 or total <= 0:
+        return float(max(total, 0))
+    longest = min(max_len, total)
+    rest = total - longest
+    return max(total / docs, (longest * longest + rest * rest / (docs - 1)) / total)
 
 
 # What a taller m tile gains per unit of work on sm_90a (hd64, 192 against 128 rows). Measured

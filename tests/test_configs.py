@@ -238,3 +238,15 @@ def test_early_rescale_on_the_long_row_tiles():
     assert not any(t.rescale_early for t in DECODE_TILES.values())
     assert [hd for hd, t in DECODE_WIDE_TILES.items() if t.rescale_early] == [256]
 
+
+@pytest.mark.parametrize("lens", [[2048] * 16, [16384] + [512] * 32, [7], [5, 0, 5],
+                                  [12288, 6144, 4096, 3072, 2432, 2048, 1728, 1536, 1344, 1216,
+                                   1088, 1024, 896]])
+def test_varlen_length_is_exact_for_one_long_document_and_a_lower_bound_otherwise(lens):
+    from fa4_aot.schedule import varlen_length
+    total, exact = sum(lens), sum(n * n for n in lens) / sum(lens)
+    est = varlen_length(total, len(lens), max(lens))
+    assert total / len(lens) <= est <= exact + 1e-9
+    if len(set(lens[1:])) <= 1:
+        assert est == pytest.approx(exact)
+    assert varlen_length(total, len(lens), 10 * total) <= total  # max_seqlen past the total

@@ -12,6 +12,8 @@ SQ > 1) against SK keys in a shuffled paged cache (bench/bench_decode.py's paged
 or ``kv:B,SQ,SK,H,HK[,D]``: the same with contiguous (B, SK, HK, D) K/V (decode shapes; D
 128 unless given).
 
+A variant ``name=folder:CONST=value`` also sets launch values of ``fa4_aot.schedule`` while it
+runs (``wide=artifacts:LONG_KV_KEYS=0``: the shipped kernels under another launch rule).
 A variant folder may hold only the kernels it changes (built with tools/experiments/
 variants.py --only ...); every call of a shape must find its kernel there. Outputs are
 compared bitwise against the first variant's. Prints median TFLOP/s per variant and the ratio
@@ -31,21 +33,36 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import fa4_aot  # noqa: E402
-from fa4_aot import interface, manifest, runtime  # noqa: E402
+from fa4_aot import interface, manifest, runtime, schedule  # noqa: E402
 from bench.benchlib import visible_pairs  # noqa: E402
 from bench.bench_decode import paged_inputs  # noqa: E402
 from tools.experiments.prefill_ncu_probe import doc_lens  # noqa: E402
 
 
 class Variant:
-    def __init__(self, name: str, root: str):
+    """``name=folder`` or ``name=folder:CONST=value[,CONST=value]``: an artifacts folder, and
+    launch values of ``fa4_aot.schedule`` set while this variant runs (e.g.
+    ``wide=artifacts:LONG_KV_KEYS=0``: the same kernels, another launch rule)."""
+
+    defaults: dict = {}
+
+    def __init__(self, name: str, spec: str):
+        root, _, consts = spec.partition(":")
         self.name, self.man = name, manifest.load_manifest(str(Path(root).resolve()))
         self.modules, self.plans = {}, {}
+        self.consts = {}
+        for kv in filter(None, consts.split(",")):
+            k, v = kv.split("=", 1)
+            Variant.defaults.setdefault(k, getattr(schedule, k))
+            self.consts[k] = type(Variant.defaults[k])(float(v))
 
     def enter(self):
-        """Point the runtime at this folder (its own kernel and plan caches; a fresh memo)."""
+        """Point the runtime at this folder (its own kernel and plan caches; a fresh memo) and
+        set this variant's launch values (the others' back to their defaults)."""
         runtime._modules, runtime._plans = self.modules, self.plans
         interface.load_manifest = lambda root=None: self.man
+        for k, v in Variant.defaults.items():
+            setattr(schedule, k, self.consts.get(k, v))
         interface.clear_memo()
 
 
