@@ -288,12 +288,13 @@ def table(rows, provs) -> str:
 
 
 def merge_json(path, group, rows, provs, meta):
-    """Replace ``group``'s rows in the benchmark file, keep every other group."""
+    """Replace ``group``'s rows in the benchmark file, keep every other group; this run's meta
+    goes to ``meta.group_meta[group]``, where bench_fwd.py's merge keeps it."""
     p = Path(path)
     doc = json.loads(p.read_text()) if p.is_file() else {"rows": [], "providers": []}
     doc["rows"] = [r for r in doc.get("rows", []) if r.get("group") != group] + rows
     doc["providers"] = list(dict.fromkeys(list(doc.get("providers", [])) + provs))
-    doc.setdefault("meta", {})[group] = meta
+    doc.setdefault("meta", {}).setdefault("group_meta", {})[group] = meta
     p.write_text(json.dumps(doc, indent=1))
 
 

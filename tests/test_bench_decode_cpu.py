@@ -2,6 +2,7 @@
 table, merge into the bench file (other groups kept)."""
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -47,3 +48,22 @@ def test_merge_keeps_other_groups(tmp_path):
     assert [r["label"] for r in doc["rows"]] == ["x", "new"]
     assert doc["providers"] == ["fa4_aot:auto", "fa4_aot", "fa4"]
     assert "2.00x" in bd.table([row], ["fa4_aot", "fa4"])
+    assert doc["meta"]["group_meta"]["decode"] == {"device": "synthetic"}
+
+
+def test_decode_meta_survives_a_prefill_merge(tmp_path):
+    """bench_fwd.py rewrites the file's meta from its own run but keeps every group's run meta
+    under meta.group_meta, where bench_decode.py writes its own (a prefill run after a decode run
+    dropped the decode and paged meta when bench_decode kept it at the top level)."""
+    import benchlib as bl
+    path = tmp_path / "b.json"
+    shutil.copy(ROOT / "docs" / "bench_h200.json", path)
+    row = {"group": "paged", "label": "p", "case": {"kv_bytes": 10**9},
+           "providers": {"fa4_aot": {"us": 1.0, "tb_s": 4.0}}}
+    bd.merge_json(path, "paged", [row], ["fa4_aot"], {"device": "decode run"})
+    tf_rows, provs = bl.rows_from_json(json.loads(path.read_text()))
+    doc = bl.merge_json(path, [r for r in tf_rows if r.case.group == "window"], provs,
+                        {"device": "prefill run"})
+    assert doc["meta"]["device"] == "prefill run"
+    assert doc["meta"]["group_meta"]["paged"] == {"device": "decode run"}
+    assert doc["meta"]["group_meta"]["decode"]["command"].startswith("python bench/bench_decode.py")
