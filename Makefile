@@ -49,7 +49,7 @@ reproducible: $(VENV)/.build-deps
 	$(PY) build_tools/build.py --check-reproducible --jobs $(JOBS)
 
 test: $(VENV)/.test-deps
-	@echo "make test: the fast suite (~1 min on 2 cores): CPU tests, one real kernel built end to end," \
+	@echo "make test: the fast suite (~3 min on 2 cores): CPU tests, one real kernel built end to end," \
 	      "GPU tests when an H100/H200 is present. The full rebuild-and-compare of every kernel is" \
 	      "'make reproducible' (~13 min on 2 cores)."
 	$(PY) -m pytest tests -q -rs --durations=5
