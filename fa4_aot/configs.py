@@ -45,7 +45,12 @@ class Tile:
     ``q_stages`` (sm_90a prefill): Q buffers; with 2 the producer loads the next tile's Q while
     this tile runs, so a short tile does not wait for it (causal S <= 4k and packed documents
     +1 to +3 %, S = 512 +10 %, long rows unchanged: v16). Where shared memory allows: not
-    hd192/hd256 or 176-key blocks. The decode kernels load Q themselves and keep one."""
+    hd192/hd256 or 176-key blocks. The decode kernels load Q themselves and keep one.
+    ``sum_chains`` (sm_90a): each row's block sum of P in four interleaved chains (value c into
+    chain c % 4, the sm_100a order) instead of a pairwise tree, so each exponential's add
+    follows it and the adds fill the issue slots while the MUFU queue is full (hd64, whose
+    exponentials keep the MUFU as busy as the wgmmas keep the tensor cores: +1 to +2.3 % on the
+    192-row tile, +7 % on the 128-row one; v18). Another rounding order of the row sum."""
 
     m: int
     n: int
@@ -54,6 +59,7 @@ class Tile:
     pingpong: bool = True
     rescale_early: bool = False
     q_stages: int = 1
+    sum_chains: bool = False
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -63,8 +69,11 @@ class Tile:
 # has many key blocks: hd64 on 192 rows +1.1 to +2.1 % on every shape measured, causal S = 2k to
 # 16k, packed documents, non-causal (docs/perf-notes.md v18); the 128-key hd128 tile, whose
 # calls are short causal rows and windows, keeps it off (causal S = 1k / 2k -0.9 / -0.5 %).
+# Every hd64 kernel (the 128-row and decode tiles too) sums P in four chains (``sum_chains``):
+# one rounding order for all, so hd64's decode and prefill kernels stay bitwise equal.
 TILES = {
-    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True),
+    "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True,
+                        sum_chains=True),
                96: Tile(m=128, n=128, kv_stages=2, q_stages=2),
                128: Tile(m=128, n=128, kv_stages=2, q_stages=2),
                192: Tile(m=128, n=112, kv_stages=2),
@@ -89,7 +98,8 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=Tr
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
 # more than it gains (``schedule.prefer_m128``: causal S = 1k, 308 against 295 TFLOP/s in v16).
-TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2)}}
+TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale_early=True,
+                                  sum_chains=True)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
@@ -99,7 +109,7 @@ TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2)}}
 # 128 x 3 stages at hd128) measured 1-3.4 % slower on every contiguous decode row, 64 KB 1-6 %
 # slower (docs/perf-notes.md v17). Three stages or more where possible: the paged loads issue
 # K and V in one pass then (``merged_kv_loads``).
-DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False),
+DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=True),
                 96: Tile(m=64, n=64, kv_stages=4, pingpong=False),
                 128: Tile(m=64, n=64, kv_stages=3, pingpong=False),
                 192: Tile(m=64, n=64, kv_stages=2, pingpong=False),

@@ -225,18 +225,28 @@ def test_decode_tiles_keep_96kb_in_flight():
             assert t.kv_stages >= 3 or hd == 192, (hd, t)
 
 
-def test_early_rescale_on_the_long_row_tiles():
-    """O is rescaled under S's wgmmas where tiles have many key blocks (hd64's 192 rows, hd128's
-    176 keys, hd256): +1 to +2.6 % there; the 128-key hd128 tile (short causal rows, windows)
-    and hd64's 128-row tile keep the rescale after the PV wait (docs/perf-notes.md v18). The
-    decode kernels, derived from the 128-row tiles, keep theirs (none changed)."""
+def test_early_rescale_on_the_long_row_tiles_and_hd64():
+    """O is rescaled under S's wgmmas where tiles have many key blocks (hd64, hd128's 176 keys,
+    hd256): +1 to +2.6 % there; the 128-key hd128 tile (short causal rows, windows) keeps the
+    rescale after the PV wait (docs/perf-notes.md v18). The 128-row decode kernels are the
+    128-row prefill tiles."""
     from fa4_aot.configs import DECODE_TILES, DECODE_WIDE_TILES, TILES, TILES_M128, TILES_WIDE_N
     sm90 = TILES["sm_90a"]
     assert sm90[64].rescale_early and TILES_WIDE_N["sm_90a"][128].rescale_early
-    assert sm90[256].rescale_early
-    assert not sm90[128].rescale_early and not TILES_M128["sm_90a"][64].rescale_early
+    assert sm90[256].rescale_early and TILES_M128["sm_90a"][64].rescale_early
+    assert not sm90[128].rescale_early
     assert not any(t.rescale_early for t in DECODE_TILES.values())
-    assert [hd for hd, t in DECODE_WIDE_TILES.items() if t.rescale_early] == [256]
+    assert [hd for hd, t in DECODE_WIDE_TILES.items() if t.rescale_early] == [64, 256]
+
+
+def test_every_hd64_kernel_sums_p_in_four_chains():
+    """hd64 (MUFU-bound softmax): the row sum in four chains, +1 to +7 % (v18); on every hd64
+    tile, so that its decode, 128-row and 192-row kernels round alike."""
+    from fa4_aot.configs import (DECODE_TILES, DECODE_WIDE_TILES, TILES, TILES_M128,
+                                 TILES_WIDE_N)
+    tables = [TILES["sm_90a"], TILES_M128["sm_90a"], TILES_WIDE_N["sm_90a"], DECODE_TILES,
+              DECODE_WIDE_TILES]
+    assert all(t.sum_chains == (hd == 64) for table in tables for hd, t in table.items())
 
 
 @pytest.mark.parametrize("lens", [[2048] * 16, [16384] + [512] * 32, [7], [5, 0, 5],

@@ -56,7 +56,7 @@ from fa4_aot.abi import FWD_SM90, KV_CHUNK
 from fa4_aot.configs import KernelConfig
 from fa4_aot.schedule import decode_tile, encode_tile
 
-from .common import (SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
+from .common import (CHAINS4, SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
                      mask_row, online_softmax_row, seqlen_info)
 from .tile_sched import TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
 
@@ -200,6 +200,7 @@ class FlashFwdSm90:
         self.intra_wg_overlap = cfg.tile.overlap
         self.pingpong = cfg.tile.pingpong and self.num_mma_wg >= 2
         self.rescale_early = cfg.tile.rescale_early and self.intra_wg_overlap
+        self.reduction = CHAINS4 if cfg.tile.sum_chains else TREE
 
     # ------------------------------------------------------------------ static pieces
     def _mmas_and_layouts(self, kv_rows=None):
@@ -1128,7 +1129,7 @@ class FlashFwdSm90:
         for r in cutlass.range_constexpr(cute.size(f.acc_S_mn, mode=[0])):
             m_new, s_new, rescale = online_softmax_row(
                 RowView(f.acc_S_mn, r), cute.size(f.acc_S_mn, mode=[1]), f.row_max[r],
-                f.row_sum[r], scale_log2, TREE, quad_lanes=True)
+                f.row_sum[r], scale_log2, self.reduction, quad_lanes=True)
             f.row_max[r] = m_new
             f.row_sum[r] = s_new
             f.row_scale[r] = rescale

@@ -71,7 +71,7 @@ def summarise(name: str, header: list[str], rows: list[list[str]], top: int) -> 
     lines.append("   by execution count (ex, instructions, share of samples):")
     for e, (n, s) in sorted(groups.items(), key=lambda kv: -kv[0] * kv[1][0])[:top]:
         lines.append(f"     ex={e:10,.0f}  {n:5d} instr  {100 * s / total:5.1f}%")
-    for k in ("stall_barrier", "stall_long_sb", "stall_wait"):
+    for k in ("stall_barrier", "stall_long_sb", "stall_wait", "stall_mio", "stall_dispatch"):
         if k not in col:
             continue
         lines.append(f"   top {k[6:]}:")

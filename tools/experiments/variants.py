@@ -53,6 +53,8 @@ def tile_overrides(variant: str) -> dict:
             out["pingpong"] = tok == "pp"
         elif tok in ("re", "nore"):
             out["rescale_early"] = tok == "re"
+        elif tok == "c4":
+            out["sum_chains"] = True
         elif re.fullmatch(r"q[12]", tok):
             out["q_stages"] = int(tok[1:])
         elif re.fullmatch(r"s[1-9]", tok):
