@@ -2,6 +2,7 @@
 
 import pytest
 
+from bench.benchlib import ZIPF_DOCS
 from fa4_aot.configs import CONFIG_SPACE, KernelConfig
 from fa4_aot.schedule import choose_section, decode_tile, num_n_blocks
 
@@ -250,8 +251,7 @@ def test_every_hd64_kernel_sums_p_in_four_chains():
 
 
 @pytest.mark.parametrize("lens", [[2048] * 16, [16384] + [512] * 32, [7], [5, 0, 5],
-                                  [12288, 6144, 4096, 3072, 2432, 2048, 1728, 1536, 1344, 1216,
-                                   1088, 1024, 896]])
+                                  list(ZIPF_DOCS)])
 def test_varlen_length_is_exact_for_one_long_document_and_a_lower_bound_otherwise(lens):
     from fa4_aot.schedule import varlen_length
     total, exact = sum(lens), sum(n * n for n in lens) / sum(lens)

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
 import fakecuda  # noqa: E402
 from conftest import run_in_threads  # noqa: E402
+from bench.benchlib import ZIPF_DOCS  # noqa: E402
 from fakecuda import fwd_params  # noqa: E402
 
 
@@ -670,12 +671,10 @@ def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
     assert kl.record["config"]["long_kv"] is (causal and n == 176)
 
 
-ZIPF = [12288, 6144, 4096, 3072, 2432, 2048, 1728, 1536, 1344, 1216, 1088, 1024, 896]
-
-
 @pytest.mark.parametrize("lens,n", [([8192] * 3, 176), ([6144] * 4, 176),
                                     ([16384] + [512] * 32, 176), ([4096] * 8, 128),
-                                    ([3072] * 12, 128), ([2048] * 16, 128), (ZIPF, 128)])
+                                    ([3072] * 12, 128), ([2048] * 16, 128),
+                                    (list(ZIPF_DOCS), 128)])
 def test_varlen_wide_n_on_the_token_weighted_length(monkeypatch, lens, n):
     """Causal varlen calls take the wide-n tile on schedule.varlen_length (the length of an
     average token's document, from the totals and max_seqlen), not the mean document length:

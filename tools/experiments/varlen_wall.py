@@ -18,16 +18,15 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
+from bench.benchlib import DOC_SETS  # noqa: E402  (the bench's document mixes)
 
-MIXES = {"1x16k+32x512": [16384] + [512] * 32, "16x2k": [2048] * 16,
-         "zipf": [12288, 6144, 4096, 3072, 2432, 2048, 1728, 1536, 1344, 1216, 1088, 1024, 896]}
 N = 50
 ROUNDS = 3
 
 
 def main():
     print(f"{'mix':16s} {'hd':>3s} {'kernel us':>10s} {'wall us':>9s} {'wall/kernel':>11s}")
-    for name, lens in MIXES.items():
+    for name, lens in DOC_SETS.items():
         for d in (128, 64):
             cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
                               device="cuda")
