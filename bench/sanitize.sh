@@ -2,10 +2,13 @@
 # compute-sanitizer (racecheck, synccheck, memcheck) on the work-stealing kernel, edge cases.
 #   bash bench/sanitize.sh [outdir]
 # Cases: fewer tiles than CTAs (1 tile), SM count - 1 / + 1 tiles (131 / 133 on an H200), and
-# ~1000 tiles; causal and not; hd256 (two MMA warpgroups without ping-pong); hd128 on 176-key
-# blocks (non-causal, and the causal long_kv alternative: short queries on a long cache), both
-# ending in a partial block; a decode call (packed GQA, split-KV + combine); and, under memcheck
-# only, bench/bad_inputs.py (malformed varlen offsets and paged-KV tables).
+# ~1000 tiles; causal and not; hd256 (two MMA warpgroups without ping-pong); hd64 on its
+# 192-row and (causal S = 1k) 128-row tiles; hd128 on 176-key blocks (non-causal, and the
+# causal long_kv alternative: short queries on a long cache), both ending in a partial block;
+# O written through the tile's Q stage by CTAs that reuse it (hd128 causal 1k: two Q buffers,
+# ~4 tiles per CTA; hd192 / hd256: one Q buffer, 2 tiles per CTA); a decode call (packed GQA,
+# split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed varlen offsets
+# and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u
@@ -16,7 +19,10 @@ cases=(
   "1 131 128 128 1 steal"
   "1 133 128 64 0 steal"
   "4 16 2048 64 1 steal"
+  "4 16 1024 64 1 steal"
+  "4 16 1024 128 1 steal"
   "1 133 256 256 1 steal"
+  "1 133 256 192 1 steal"
   "1 133 300 128 0 steal"
   "1 4 256 128 1 steal 4608"
   "8 32 1 128 1 auto 4096 8"

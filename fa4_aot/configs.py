@@ -50,7 +50,16 @@ class Tile:
     chain c % 4, the sm_100a order) instead of a pairwise tree, so each exponential's add
     follows it and the adds fill the issue slots while the MUFU queue is full (hd64, whose
     exponentials keep the MUFU as busy as the wgmmas keep the tensor cores: +1 to +2.3 % on the
-    192-row tile, +7 % on the 128-row one; v18). Another rounding order of the row sum."""
+    192-row tile, +7 % on the 128-row one; v18). Another rounding order of the row sum.
+    ``staged_store`` (sm_90a prefill): O goes to global memory through the tile's Q buffer
+    (32-bit shared stores, then whole 16-byte chunks of rows, full 128-byte lines) instead of
+    as 32-bit pieces of eight rows straight from the accumulators: the same values, a quarter
+    of the global store requests. The Q buffer is then released after the epilogue, so it pays
+    where a second Q buffer hides that (hd128's 128-key tile: causal S = 1k..4k +4 to +12 %,
+    packed documents +3 to +4 %, windows +5 to +9 %; hd64's 128-row tile +3 to +5 %; hd96 up to
+    +3.6 %) or where the epilogue is long (one Q buffer: hd192 +2 to +8 %, hd256 +1 to +3 %).
+    Off where it measured a loss or nothing: hd128's 176-key tile (one Q buffer, 20-47 key
+    blocks per tile: -2 to -3 %), hd64's 192-row tile (+-1.5 %). docs/perf-notes.md v19."""
 
     m: int
     n: int
@@ -60,6 +69,7 @@ class Tile:
     rescale_early: bool = False
     q_stages: int = 1
     sum_chains: bool = False
+    staged_store: bool = False
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -74,12 +84,13 @@ class Tile:
 TILES = {
     "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True,
                         sum_chains=True),
-               96: Tile(m=128, n=128, kv_stages=2, q_stages=2),
-               128: Tile(m=128, n=128, kv_stages=2, q_stages=2),
-               192: Tile(m=128, n=112, kv_stages=2),
+               96: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
+               128: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
+               192: Tile(m=128, n=112, kv_stages=2, staged_store=True),
                # hd256: the wgmmas are long next to an 80-column softmax; without ping-pong
                # and with O rescaled under S's wgmmas, +2-5 % (FA4's hd256 schedule; v14).
-               256: Tile(m=128, n=80, kv_stages=2, pingpong=False, rescale_early=True)},
+               256: Tile(m=128, n=80, kv_stages=2, pingpong=False, rescale_early=True,
+                         staged_store=True)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 
@@ -99,7 +110,7 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=Tr
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
 # more than it gains (``schedule.prefer_m128``: causal S = 1k, 308 against 295 TFLOP/s in v16).
 TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale_early=True,
-                                  sum_chains=True)}}
+                                  sum_chains=True, staged_store=True)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
@@ -120,7 +131,8 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=Tr
 # with a third K/V stage at head_dim 128, with which the paged loads issue K and V in one pass
 # (chunked prefill page 16 +42 %, page 64 +2 %, docs/perf-notes.md v13). Larger head dims have
 # no shared memory for a third stage.
-DECODE_WIDE_TILES = {hd: dataclasses.replace(TILES_M128["sm_90a"].get(hd, t), q_stages=1)
+DECODE_WIDE_TILES = {hd: dataclasses.replace(TILES_M128["sm_90a"].get(hd, t), q_stages=1,
+                                              staged_store=False)
                      for hd, t in TILES["sm_90a"].items()}
 DECODE_WIDE_TILES[128] = dataclasses.replace(DECODE_WIDE_TILES[128], kv_stages=3)
 

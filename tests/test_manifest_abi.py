@@ -108,6 +108,24 @@ def test_launch_abi_matches_ptx_entry(name):
     assert rec["launch"] == abi.launch_record(cfg, rec["launch"]["dynamic_smem_bytes"])
 
 
+@pytest.mark.parametrize("name", sorted(n for n, r in MANIFEST["kernels"].items()
+                                        if r["config"]["arch"] == "sm_90a"
+                                        and r["config"]["kind"] == "fwd"))
+def test_staged_o_store_in_the_ptx(name):
+    """Kernels whose tile has ``staged_store`` write O as 16-byte stores read back from shared
+    memory (st.global.v4; the only 32-bit global stores left are the two LSE rows); the others
+    write O as 32-bit words, hd / 4 of them per thread."""
+    rec = MANIFEST["kernels"][name]
+    cfg = KernelConfig.from_dict(rec["config"])
+    ptx = (ART / rec["ptx"]).read_text()
+    staged = cfg.tile.staged_store and not cfg.decode
+    assert ("st.global.v4.b32" in ptx) == staged
+    if staged:
+        assert ptx.count("st.global.b32") == 2
+    elif not cfg.decode:
+        assert ptx.count("st.global.b32") >= cfg.head_dim // 4
+
+
 def test_check_against_ptx_reports_differences():
     params = abi.ptx_params(abi.FWD_SM90, "bf16", 128, 128, 128)
     ptx = [{"size": p["size"], "align": p["align"]} for p in params]

@@ -110,6 +110,57 @@ def _tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+@dsl_user_op
+def _st_shared_u32(addr: Int32, v: Uint32, *, loc=None, ip=None) -> None:
+    """One 32-bit word to shared memory (st.shared.b32)."""
+    llvm.inline_asm(
+        None, [Int32(addr).ir_value(loc=loc, ip=ip), Uint32(v).ir_value(loc=loc, ip=ip)],
+        "st.shared.b32 [$0], $1;", "r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _ld_shared_v4(addr: Int32, *, loc=None, ip=None):
+    """16 bytes from shared memory (one ld.shared.v4.b32), as four 32-bit words."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int32(addr).ir_value(loc=loc, ip=ip)],
+        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [llvm.extractvalue(T.i32(), res, [i]) for i in range(4)]
+
+
+@dsl_user_op
+def _st_global_v4(addr: Int64, words, *, loc=None, ip=None) -> None:
+    """16 bytes to global memory (one st.global.v4.b32); ``addr`` 16-byte aligned."""
+    llvm.inline_asm(
+        None,
+        [Int64(addr).ir_value(loc=loc, ip=ip)] + list(words),
+        "st.global.v4.b32 [$0], {$1, $2, $3, $4};",
+        "l,r,r,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _opaque_u32(x: Int32, *, loc=None, ip=None) -> Int32:
+    """``x`` through a side-effecting move: computed where it is written (the compiler can
+    neither hoist it into the kernel's prologue nor share it with another warp role's code)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def _swizzled_offset(row, chunk, slab, rows: int, row_bytes: int):
+    """Byte offset of 16-byte chunk ``chunk`` of column slab ``slab`` of row ``row`` in a
+    K-major swizzled 16-bit buffer of ``rows`` rows whose swizzle atom rows are ``row_bytes``
+    long (128: Swizzle<3,4,3>, head_dim a multiple of 64; 64: Swizzle<2,4,3>, head_dim 96): the
+    layout ``sm90_utils.make_smem_layout_a`` gives Q (8-row atoms stacked along the rows, then
+    the slabs; the swizzle on the byte address, bits 7.. into bits 4..)."""
+    k = row_bytes // 16  # chunks per atom row
+    return slab * (rows * row_bytes) + row * row_bytes + ((chunk ^ ((row * k // 8) % k)) * 16)
+
+
 def _in_order(a, b):
     return a, b
 
@@ -201,6 +252,12 @@ class FlashFwdSm90:
         self.pingpong = cfg.tile.pingpong and self.num_mma_wg >= 2
         self.rescale_early = cfg.tile.rescale_early and self.intra_wg_overlap
         self.reduction = CHAINS4 if cfg.tile.sum_chains else TREE
+        # O written through this tile's Q buffer (free once the tile's last S wgmma is done;
+        # released after the epilogue, so with one Q buffer the next tile's Q load waits for
+        # it).
+        self.staged_store = cfg.tile.staged_store and not self.decode
+        # Q's swizzle atom rows: 128 bytes where head_dim is a multiple of 64, else 64 (hd96).
+        self.q_row_bytes = 128 if self.hd % 64 == 0 else 64
 
     # ------------------------------------------------------------------ static pieces
     def _mmas_and_layouts(self, kv_rows=None):
@@ -812,10 +869,18 @@ class FlashFwdSm90:
                     k_state, v_state = self.mainloop(
                         tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
                         shape, softmax)
-                    if cutlass.const_expr(not self.decode):
+                    if cutlass.const_expr(self.staged_store):
+                        # O passes through this Q stage: released once it is read back.
+                        q_base = (_opaque_u32(sQ.iterator.toint())
+                                  + q_stage * (self.tile_m * self.hd * 2))
+                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax, q_base)
                         pipe_q.consumer_release(q_state)
                         q_state.advance()
-                    self.epilogue(tidx, f, t, ptrs, strides, shape, softmax)
+                    else:
+                        if cutlass.const_expr(not self.decode):
+                            pipe_q.consumer_release(q_state)
+                            q_state.advance()
+                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax)
                 if cutlass.const_expr(self.trace):
                     if tidx == 0:
                         # (SM, CTA, start ns, end ns) of this tile; the tile index is unique.
@@ -1137,10 +1202,11 @@ class FlashFwdSm90:
     # ------------------------------------------------------------------ epilogue
     @cute.jit
     def epilogue(self, tidx, f: _Frags, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape,
-                 softmax: Softmax):
+                 softmax: Softmax, q_base=None):
         """O /= row sum; LSE = max * scale + log(sum) (or -inf for rows that saw no key).
-        Written to out/lse, or (decode kernels with num_splits > 1) to the fp32 partial
-        buffers for the combine kernel."""
+        Written to out/lse (with ``staged_store`` through this tile's Q stage at shared address
+        ``q_base``: :meth:`store_out_staged`), or (decode kernels with num_splits > 1) to the fp32
+        partial buffers for the combine kernel."""
         acc_O_mn = f.acc_O_mn
         n_rows = cute.size(acc_O_mn, mode=[0])
         lse_vals = []
@@ -1161,6 +1227,8 @@ class FlashFwdSm90:
                 self.store_partial(tidx, f, t, lse_vals, ptrs, shape)
             else:
                 self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
+        elif cutlass.const_expr(self.staged_store):
+            self.store_out_staged(tidx, f, t, lse_vals, ptrs, strides, q_base)
         else:
             self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
 
@@ -1202,6 +1270,75 @@ class FlashFwdSm90:
                 gRow = cute.make_tensor(row_ptr + (tidx % 4), cute.make_layout(n_pairs, stride=4))
                 for j in cutlass.range_constexpr(n_pairs):
                     gRow[j] = rO32_mn[r, j]
+
+    @cute.jit
+    def store_out_staged(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs,
+                         strides: Strides, q_base):
+        """``store_out`` through shared memory (``Tile.staged_store``): each MMA warpgroup
+        writes its 64 rows of O (16-bit) into its own rows of this tile's Q stage (at shared
+        address ``q_base``; its last S wgmma has completed, and no other warpgroup reads those
+        rows), syncs its 128 threads, then copies whole 16-byte chunks of rows to global
+        memory: each store instruction writes two to four full 128-byte lines instead of eight
+        16-byte pieces of eight rows (``store_out``: four times the store requests, at the
+        tile's end, through the MIO queue that the other warpgroups' exponentials use). Rows
+        past the tile's sequence end are not written, as in ``store_out``; the values are the
+        same. Plain 32-bit shared stores, not stmatrix: its ``.aligned`` form made ptxas add
+        convergence barriers all over the kernel, and the producer warp spilled
+        (docs/perf-notes.md v19)."""
+        wg = self.mma_wg(tidx)
+        # The thread's addresses computed here, not hoisted out of the tile loop into registers
+        # that the whole mainloop would carry.
+        tidx = _opaque_u32(tidx)
+        lt = tidx % 128
+        lane = tidx % 32
+        rO = cute.make_rmem_tensor(f.acc_O.layout, self.dtype)
+        rO.store(f.acc_O.load().to(self.dtype))
+        rO32_mn = _acc_mn_view(cute.recast_tensor(rO, cutlass.Uint32))  # (2 rows, hd/8 pairs)
+        if cutlass.const_expr(self.q_stages == 1):
+            # One Q buffer: the warpgroup's reads of it in its previous tile (the copy-out
+            # below) come before these writes. (With two, the other stage's epilogue between
+            # them has this barrier.)
+            cute.arch.barrier(barrier_id=4 + wg, number_of_threads=128)
+        # Each pair (c, c+1) of accumulator row r as one 32-bit word at (row, 8j + 2 (lane % 4)):
+        # in a store instruction the warp's eight rows of a pair column fall in eight
+        # different 16-byte bank groups (the swizzle), so every store is one wavefront.
+        srow = _frag_row(tidx, 0)  # row 0; row 1 is 8 rows down (the same swizzle phase)
+        rb = self.q_row_bytes
+        k = rb // 16
+        for j in cutlass.range_constexpr(self.hd // 8):
+            addr = q_base + _swizzled_offset(srow, j % k, j // k, self.tile_m, rb) + 4 * (lane % 4)
+            for r in cutlass.range_constexpr(2):
+                _st_shared_u32(addr + r * 8 * rb, rO32_mn[r, j])
+        for r in cutlass.range_constexpr(2):
+            s = t.m_block * self.tile_m + _frag_row(tidx, r)
+            if s < t.sq:
+                if tidx % 4 == 0:
+                    lse_off = (Int64(t.head) * strides.lse_stride_h
+                               + Int64(t.batch) * strides.lse_stride_b + Int64(t.q_start + s))
+                    cute.make_tensor(ptrs.lse_ptr + lse_off, cute.make_layout(1))[0] = lse_vals[r]
+        cute.arch.barrier(barrier_id=4 + wg, number_of_threads=128)
+        # The warpgroup's 64 rows are 64 * hd / 8 chunks of 16 bytes; thread lt copies chunks
+        # lt, lt + 128, ... (row = chunk // (hd / 8)).
+        chunks = self.hd // 8
+        o_stride_s = cute.assume(strides.o_stride_s, divby=8)
+        o_stride_h = cute.assume(strides.o_stride_h, divby=8)
+        o_stride_b = cute.assume(strides.o_stride_b, divby=8)
+        items = [((lt + 128 * i) // chunks, (lt + 128 * i) % chunks)
+                 for i in range(64 * chunks // 128)]  # (row of the warpgroup's 64, chunk)
+        # All reads first (their latencies overlap), then the stores.
+        words = [_ld_shared_v4(q_base + _swizzled_offset(wg * 64 + row, ch % k, ch // k,
+                                                         self.tile_m, rb))
+                 for row, ch in items]
+        s0 = t.m_block * self.tile_m + wg * 64
+        addr = ptrs.o_ptr.toint() + 2 * (Int64(t.head) * o_stride_h + Int64(t.batch) * o_stride_b
+                                         + Int64(t.q_start + s0) * o_stride_s)
+        for i in cutlass.range_constexpr(len(items)):
+            row, ch = items[i]
+            if s0 + row < t.sq:
+                _st_global_v4(addr + 2 * (Int64(row) * o_stride_s + Int64(ch * 8)), words[i])
+        # The producer's next TMA load into this Q stage comes after the release (async proxy
+        # after these generic reads).
+        cute.arch.fence_view_async_shared()
 
     @cute.jit
     def store_partial(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs, shape: Shape):

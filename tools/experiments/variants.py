@@ -10,6 +10,7 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 ``ovl`` / ``noovl``  the sm_90a overlapped mainloop (S(n) and PV(n+1) together) on / off
 ``pp`` / ``nopp``    the sm_90a warpgroup ping-pong on / off
 ``re`` / ``nore``    the sm_90a early O rescale (under S's wgmmas) on / off
+``ss`` / ``noss``    the sm_90a O stores through shared memory (``Tile.staged_store``) on / off
 ``sN``               N K/V pipeline stages
 ``qN``               N Q buffers (1 or 2; sm_90a prefill)
 ``nN``               an n tile of N keys (a multiple of 16)
@@ -55,6 +56,8 @@ def tile_overrides(variant: str) -> dict:
             out["rescale_early"] = tok == "re"
         elif tok == "c4":
             out["sum_chains"] = True
+        elif tok in ("ss", "noss"):
+            out["staged_store"] = tok == "ss"
         elif re.fullmatch(r"q[12]", tok):
             out["q_stages"] = int(tok[1:])
         elif re.fullmatch(r"s[1-9]", tok):
@@ -65,7 +68,7 @@ def tile_overrides(variant: str) -> dict:
             out["n"] = int(tok[1:])
         else:
             raise ValueError(f"unknown kernel variant token {tok!r} "
-                             "(ovl, noovl, pp, nopp, re, nore, sN, nN, mN)")
+                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, qN, sN, nN, mN)")
     return out
 
 
