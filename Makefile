@@ -10,7 +10,7 @@
 #   make test               the fast suite: CPU tests, one real kernel built end to end (+ GPU tests
 #                           when an sm_90 GPU is present); ~1 min on 2 cores
 #   make reproducible       rebuild every kernel into a temporary folder and compare each cubin's
-#                           sha256 with artifacts/manifest.json (~13 min on 2 cores; CI runs it)
+#                           sha256 with artifacts/manifest.json (~16 min on 2 cores; CI runs it)
 # All create and reuse the virtualenv $(VENV); no local CUDA toolkit is needed.
 
 PTXAS ?= 13.1
@@ -51,7 +51,7 @@ reproducible: $(VENV)/.build-deps
 test: $(VENV)/.test-deps
 	@echo "make test: the fast suite (~3 min on 2 cores): CPU tests, one real kernel built end to end," \
 	      "GPU tests when an H100/H200 is present. The full rebuild-and-compare of every kernel is" \
-	      "'make reproducible' (~13 min on 2 cores)."
+	      "'make reproducible' (~16 min on 2 cores)."
 	$(PY) -m pytest tests -q -rs --durations=5
 
 clean-venv:
