@@ -871,8 +871,7 @@ class FlashFwdSm90:
                         shape, softmax)
                     if cutlass.const_expr(self.staged_store):
                         # O passes through this Q stage: released once it is read back.
-                        q_base = (_opaque_u32(sQ.iterator.toint())
-                                  + q_stage * (self.tile_m * self.hd * 2))
+                        q_base = _opaque_u32(sQ.iterator.toint()) + q_stage * self.q_bytes
                         self.epilogue(tidx, f, t, ptrs, strides, shape, softmax, q_base)
                         pipe_q.consumer_release(q_state)
                         q_state.advance()
@@ -1228,7 +1227,7 @@ class FlashFwdSm90:
             else:
                 self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
         elif cutlass.const_expr(self.staged_store):
-            self.store_out_staged(tidx, f, t, lse_vals, ptrs, strides, q_base)
+            self.store_out_staged(tidx, f, t, lse_vals, ptrs, strides, shape, q_base)
         else:
             self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
 
@@ -1258,10 +1257,7 @@ class FlashFwdSm90:
         for r in cutlass.range_constexpr(cute.size(rO32_mn, mode=[0])):
             s, head = self.row_target(tidx, r, t, shape)
             if s < t.sq:
-                if tidx % 4 == 0:
-                    lse_off = (Int64(head) * strides.lse_stride_h
-                               + Int64(t.batch) * strides.lse_stride_b + Int64(t.q_start + s))
-                    cute.make_tensor(ptrs.lse_ptr + lse_off, cute.make_layout(1))[0] = lse_vals[r]
+                self.store_lse(tidx, s, head, t, lse_vals[r], ptrs, strides)
                 # One base pointer per row; the pairs sit at constant offsets from it (so the
                 # compiler folds them into the stores instead of keeping one address per value).
                 o_off = (Int64(head) * o_stride_h + Int64(t.batch) * o_stride_b
@@ -1272,8 +1268,16 @@ class FlashFwdSm90:
                     gRow[j] = rO32_mn[r, j]
 
     @cute.jit
+    def store_lse(self, tidx, s, head, t: _Tile, lse, ptrs: Ptrs, strides: Strides):
+        """The LSE of query row ``s`` of ``head``, by one thread of the row's quad."""
+        if tidx % 4 == 0:
+            lse_off = (Int64(head) * strides.lse_stride_h
+                       + Int64(t.batch) * strides.lse_stride_b + Int64(t.q_start + s))
+            cute.make_tensor(ptrs.lse_ptr + lse_off, cute.make_layout(1))[0] = lse
+
+    @cute.jit
     def store_out_staged(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs,
-                         strides: Strides, q_base):
+                         strides: Strides, shape: Shape, q_base):
         """``store_out`` through shared memory (``Tile.staged_store``): each MMA warpgroup
         writes its 64 rows of O (16-bit) into its own rows of this tile's Q stage (at shared
         address ``q_base``; its last S wgmma has completed, and no other warpgroup reads those
@@ -1310,12 +1314,9 @@ class FlashFwdSm90:
             for r in cutlass.range_constexpr(2):
                 _st_shared_u32(addr + r * 8 * rb, rO32_mn[r, j])
         for r in cutlass.range_constexpr(2):
-            s = t.m_block * self.tile_m + _frag_row(tidx, r)
+            s, head = self.row_target(tidx, r, t, shape)
             if s < t.sq:
-                if tidx % 4 == 0:
-                    lse_off = (Int64(t.head) * strides.lse_stride_h
-                               + Int64(t.batch) * strides.lse_stride_b + Int64(t.q_start + s))
-                    cute.make_tensor(ptrs.lse_ptr + lse_off, cute.make_layout(1))[0] = lse_vals[r]
+                self.store_lse(tidx, s, head, t, lse_vals[r], ptrs, strides)
         cute.arch.barrier(barrier_id=4 + wg, number_of_threads=128)
         # The warpgroup's 64 rows are 64 * hd / 8 chunks of 16 bytes; thread lt copies chunks
         # lt, lt + 128, ... (row = chunk // (hd / 8)).
