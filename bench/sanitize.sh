@@ -6,7 +6,9 @@
 # 192-row and (causal S = 1k) 128-row tiles; hd128 on 176-key blocks (non-causal, and the
 # causal long_kv alternative: short queries on a long cache), both ending in a partial block;
 # O written through the tile's Q stage by CTAs that reuse it (hd128 causal 1k: two Q buffers,
-# ~4 tiles per CTA; hd192 / hd256: one Q buffer, 2 tiles per CTA); a decode call (packed GQA,
+# ~4 tiles per CTA; hd192 / hd256: one Q buffer, 2 tiles per CTA) and through the O buffer that
+# the two MMA warpgroups hand over by mbarrier (hd128 non-causal 1k, 176-key blocks, ~4 tiles
+# per CTA); a decode call (packed GQA,
 # split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed varlen offsets
 # and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
@@ -24,6 +26,7 @@ cases=(
   "1 133 256 256 1 steal"
   "1 133 256 192 1 steal"
   "1 133 300 128 0 steal"
+  "4 16 1024 128 0 steal"
   "1 4 256 128 1 steal 4608"
   "8 32 1 128 1 auto 4096 8"
 )

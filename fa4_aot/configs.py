@@ -59,7 +59,12 @@ class Tile:
     packed documents +3 to +4 %, windows +5 to +9 %; hd64's 128-row tile +3 to +5 %; hd96 up to
     +3.6 %) or where the epilogue is long (one Q buffer: hd192 +2 to +8 %, hd256 +1 to +3 %).
     Off where it measured a loss or nothing: hd128's 176-key tile (one Q buffer, 20-47 key
-    blocks per tile: -2 to -3 %), hd64's 192-row tile (+-1.5 %). docs/perf-notes.md v19."""
+    blocks per tile: -2 to -3 %), hd64's 192-row tile (+-1.5 %). docs/perf-notes.md v19.
+    ``o_buffer`` (with ``staged_store``, two MMA warpgroups): O passes through a 64-row buffer
+    of its own instead of the Q stage, which is then released before the epilogue as without
+    staging; the warpgroups take the buffer in turn, handed over through two mbarriers. For
+    the tile with one Q buffer and 16 KB of shared memory to spare (hd128 on 176 keys;
+    docs/perf-notes.md v20)."""
 
     m: int
     n: int
@@ -70,6 +75,7 @@ class Tile:
     q_stages: int = 1
     sum_chains: bool = False
     staged_store: bool = False
+    o_buffer: bool = False
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -104,7 +110,8 @@ TILES = {
 # its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15. O rescaled under
 # S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k included) and causal
 # 8k / 16k (v18).
-TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True)}}
+TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True,
+                                      staged_store=True, o_buffer=True)}}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs

@@ -55,6 +55,7 @@ def test_experiment_variant_tokens_override_the_tile():
     assert tile_overrides("q1") == {"q_stages": 1}
     assert tile_overrides("ss-s3") == {"staged_store": True, "kv_stages": 3}
     assert tile_overrides("noss") == {"staged_store": False}
+    assert tile_overrides("ss-ob") == {"staged_store": True, "o_buffer": True}
     assert tile_overrides("") == {}
     with pytest.raises(ValueError, match="unknown kernel variant token 'n100'"):
         tile_overrides("n100")
@@ -253,15 +254,18 @@ def test_every_hd64_kernel_sums_p_in_four_chains():
 
 
 def test_o_stored_through_shared_memory_where_it_measured_faster():
-    """O goes to global memory through the tile's Q buffer (``staged_store``) on the sm_90a
-    prefill tiles where it measured faster: every 128-row tile of 128 or fewer keys (hd96,
-    hd128, hd192, hd256, hd64's 128-row alternative); not on hd128's 176-key tile (one Q buffer,
-    long tiles: -2 to -3 %), hd64's 192-row tile (+-1.5 %) or the decode kernels
-    (docs/perf-notes.md v19)."""
+    """O goes to global memory through shared memory (``staged_store``) on the sm_90a prefill
+    tiles where it measured faster: through the tile's Q buffer on every 128-row tile of 128 or
+    fewer keys (hd96, hd128, hd192, hd256, hd64's 128-row alternative), through an O buffer of
+    its own (``o_buffer``) on hd128's 176-key tile (one Q buffer, long tiles: through it
+    -2 to -3 %); not on hd64's 192-row tile (+-1.5 %) or the decode kernels
+    (docs/perf-notes.md v19, v20)."""
     from fa4_aot.configs import DECODE_TILES, DECODE_WIDE_TILES, TILES, TILES_M128, TILES_WIDE_N
     assert [hd for hd, t in TILES["sm_90a"].items() if t.staged_store] == [96, 128, 192, 256]
     assert all(t.staged_store for t in TILES_M128["sm_90a"].values())
-    assert not any(t.staged_store for t in TILES_WIDE_N["sm_90a"].values())
+    assert all(t.staged_store and t.o_buffer for t in TILES_WIDE_N["sm_90a"].values())
+    tables = (TILES["sm_90a"], TILES_M128["sm_90a"], DECODE_TILES, DECODE_WIDE_TILES)
+    assert not any(t.o_buffer for table in tables for t in table.values())
     assert not any(t.staged_store
                    for table in (DECODE_TILES, DECODE_WIDE_TILES) for t in table.values())
 

@@ -3,6 +3,7 @@ PTX entry signatures (CPU)."""
 
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -114,7 +115,9 @@ def test_launch_abi_matches_ptx_entry(name):
 def test_staged_o_store_in_the_ptx(name):
     """Kernels whose tile has ``staged_store`` write O as 16-byte stores read back from shared
     memory (st.global.v4; the only 32-bit global stores left are the two LSE rows); the others
-    write O as 32-bit words, hd / 4 of them per thread."""
+    write O as 32-bit words, hd / 4 of them per thread. With ``o_buffer`` the warpgroups hand
+    the O buffer on through an mbarrier that every thread arrives on right after its last read
+    of the buffer."""
     rec = MANIFEST["kernels"][name]
     cfg = KernelConfig.from_dict(rec["config"])
     ptx = (ART / rec["ptx"]).read_text()
@@ -124,6 +127,12 @@ def test_staged_o_store_in_the_ptx(name):
         assert ptx.count("st.global.b32") == 2
     elif not cfg.decode:
         assert ptx.count("st.global.b32") >= cfg.head_dim // 4
+    if staged:
+        # The O buffer's hand-over: an arrive by every thread of the warpgroup right after the
+        # last read of the buffer (within the next few lines), before the global stores.
+        after_reads = ptx[ptx.rindex("ld.shared.v4.b32"):].splitlines()[1:5]
+        handed_over = any(re.match(r"\s*mbarrier\.arrive\.shared\.b64", ln) for ln in after_reads)
+        assert bool(handed_over) == cfg.tile.o_buffer
 
 
 def test_check_against_ptx_reports_differences():

@@ -256,6 +256,9 @@ class FlashFwdSm90:
         # released after the epilogue, so with one Q buffer the next tile's Q load waits for
         # it).
         self.staged_store = cfg.tile.staged_store and not self.decode
+        # ... through a 64-row O buffer of its own that the MMA warpgroups take in turn
+        # (``Tile.o_buffer``; the Q stage is then released before the epilogue).
+        self.o_buffer = self.staged_store and cfg.tile.o_buffer
         # Q's swizzle atom rows: 128 bytes where head_dim is a multiple of 64, else 64 (hd96).
         self.q_row_bytes = 128 if self.hd % 64 == 0 else 64
 
@@ -328,6 +331,11 @@ class FlashFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            if cutlass.const_expr(self.o_buffer):
+                # The O buffer (64 rows, Q's swizzled layout) and its hand-over: warpgroup w
+                # writes once mbar_o[w] completes, and arrives on mbar_o[w + 1] when done.
+                mbar_o: cute.struct.MemRange[cutlass.Int64, self.num_mma_wg]
+                sO: cute.struct.Align[cute.struct.MemRange[dt, 64 * self.hd], 1024]
 
         self.shared_storage = SharedStorage
         # 227 KB per CTA on sm_90a: a tile whose buffers exceed it would build but not launch.
@@ -382,6 +390,9 @@ class FlashFwdSm90:
             if tidx == 0:
                 cute.arch.mbarrier_init(self.issued_barrier(
                     storage.tile_slot.get_tensor(cute.make_layout((8, TILE_SLOTS)))), 1)
+                if cutlass.const_expr(self.o_buffer):
+                    for w in cutlass.range_constexpr(self.num_mma_wg):
+                        cute.arch.mbarrier_init(storage.mbar_o.data_ptr() + w, 128)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -403,8 +414,11 @@ class FlashFwdSm90:
                     self.tile_fetcher(slots, pipe_tile, ptrs, shape, totals)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
+            o_buf = None
+            if cutlass.const_expr(self.o_buffer):
+                o_buf = (storage.sO.data_ptr().toint(), storage.mbar_o.data_ptr())
             self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, sK, sV, slots), pipes,
-                          ptrs, strides, shape, softmax, totals)
+                          ptrs, strides, shape, softmax, totals, o_buf)
 
     # ------------------------------------------------------------------ tiles
     @cute.jit
@@ -792,11 +806,12 @@ class FlashFwdSm90:
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
     def consumer(self, tidx, mmas, smem, pipes, ptrs: Ptrs, strides: Strides, shape: Shape,
-                 softmax: Softmax, totals):
+                 softmax: Softmax, totals, o_buf=None):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
         With two or three MMA warpgroups they take turns issuing (ping-pong, round robin through
-        named barriers), so one's softmax overlaps the others' tensor-core work."""
+        named barriers), so one's softmax overlaps the others' tensor-core work. ``o_buf``
+        (``Tile.o_buffer``): (shared address of the O buffer, its hand-over mbarriers)."""
         mma_qk, mma_pv = mmas
         sQ, sK, sV, slots = smem
         pipe_q, pipe_k, pipe_v, pipe_tile = pipes
@@ -839,6 +854,7 @@ class FlashFwdSm90:
             # Ping-pong: warpgroup 0 issues first.
             cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
 
+        o_phase = Int32(0)  # O buffer: parity of this warpgroup's epilogues so far
         running = cutlass.Boolean(True)
         while running:
             pipe_tile.consumer_wait(tile_state)
@@ -869,10 +885,17 @@ class FlashFwdSm90:
                     k_state, v_state = self.mainloop(
                         tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
                         shape, softmax)
-                    if cutlass.const_expr(self.staged_store):
+                    if cutlass.const_expr(self.o_buffer):
+                        # O passes through the O buffer: Q is free once the mainloop is done.
+                        pipe_q.consumer_release(q_state)
+                        q_state.advance()
+                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax,
+                                      (_opaque_u32(o_buf[0]), o_buf[1], o_phase))
+                        o_phase = o_phase ^ 1
+                    elif cutlass.const_expr(self.staged_store):
                         # O passes through this Q stage: released once it is read back.
                         q_base = _opaque_u32(sQ.iterator.toint()) + q_stage * self.q_bytes
-                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax, q_base)
+                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax, (q_base,))
                         pipe_q.consumer_release(q_state)
                         q_state.advance()
                     else:
@@ -1201,10 +1224,10 @@ class FlashFwdSm90:
     # ------------------------------------------------------------------ epilogue
     @cute.jit
     def epilogue(self, tidx, f: _Frags, t: _Tile, ptrs: Ptrs, strides: Strides, shape: Shape,
-                 softmax: Softmax, q_base=None):
+                 softmax: Softmax, stage=None):
         """O /= row sum; LSE = max * scale + log(sum) (or -inf for rows that saw no key).
-        Written to out/lse (with ``staged_store`` through this tile's Q stage at shared address
-        ``q_base``: :meth:`store_out_staged`), or (decode kernels with num_splits > 1) to the fp32
+        Written to out/lse (with ``staged_store`` through shared memory, ``stage`` as
+        :meth:`store_out_staged` takes it), or (decode kernels with num_splits > 1) to the fp32
         partial buffers for the combine kernel."""
         acc_O_mn = f.acc_O_mn
         n_rows = cute.size(acc_O_mn, mode=[0])
@@ -1227,7 +1250,7 @@ class FlashFwdSm90:
             else:
                 self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
         elif cutlass.const_expr(self.staged_store):
-            self.store_out_staged(tidx, f, t, lse_vals, ptrs, strides, shape, q_base)
+            self.store_out_staged(tidx, f, t, lse_vals, ptrs, strides, shape, stage)
         else:
             self.store_out(tidx, f, t, lse_vals, ptrs, strides, shape)
 
@@ -1277,40 +1300,57 @@ class FlashFwdSm90:
 
     @cute.jit
     def store_out_staged(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs,
-                         strides: Strides, shape: Shape, q_base):
+                         strides: Strides, shape: Shape, stage):
         """``store_out`` through shared memory (``Tile.staged_store``): each MMA warpgroup
-        writes its 64 rows of O (16-bit) into its own rows of this tile's Q stage (at shared
-        address ``q_base``; its last S wgmma has completed, and no other warpgroup reads those
-        rows), syncs its 128 threads, then copies whole 16-byte chunks of rows to global
-        memory: each store instruction writes two to four full 128-byte lines instead of eight
-        16-byte pieces of eight rows (``store_out``: four times the store requests, at the
-        tile's end, through the MIO queue that the other warpgroups' exponentials use). Rows
-        past the tile's sequence end are not written, as in ``store_out``; the values are the
-        same. Plain 32-bit shared stores, not stmatrix: its ``.aligned`` form made ptxas add
-        convergence barriers all over the kernel, and the producer warp spilled
-        (docs/perf-notes.md v19)."""
+        writes its 64 rows of O (16-bit) into shared memory, syncs its 128 threads, then copies
+        whole 16-byte chunks of rows to global memory: each store instruction writes two to
+        four full 128-byte lines instead of eight 16-byte pieces of eight rows (``store_out``:
+        four times the store requests, at the tile's end, through the MIO queue that the other
+        warpgroups' exponentials use). Rows past the tile's sequence end are not written, as in
+        ``store_out``; the values are the same. Plain 32-bit shared stores, not stmatrix: its
+        ``.aligned`` form made ptxas add convergence barriers all over the kernel, and the
+        producer warp spilled (docs/perf-notes.md v19).
+
+        ``stage`` is ``(q_base,)``: the warpgroup's own rows of this tile's Q stage at shared
+        address ``q_base`` (its last S wgmma has completed, and no other warpgroup reads those
+        rows); or, with ``Tile.o_buffer``, ``(o_base, mbar_o, phase)``: the 64-row O buffer at
+        ``o_base``, which the warpgroups take in turn — warpgroup ``w`` waits for ``mbar_o[w]``
+        (completed by the warpgroup before it in the ring, or at once for warpgroup 0's first
+        tile) and, once its rows are read back, arrives on ``mbar_o[w + 1]``. ``phase`` is the
+        parity of the warpgroup's epilogues so far. mbarriers, not a named barrier's
+        arrive/sync: compute-sanitizer's racecheck models the mbarrier hand-over (it reported
+        the named-barrier one as a hazard, docs/perf-notes.md v19)."""
         wg = self.mma_wg(tidx)
         # The thread's addresses computed here, not hoisted out of the tile loop into registers
         # that the whole mainloop would carry.
         tidx = _opaque_u32(tidx)
         lt = tidx % 128
         lane = tidx % 32
+        base = stage[0]
+        buf_rows, row_off = self.tile_m, 0  # the Q stage: rows as in the tile
+        if cutlass.const_expr(self.o_buffer):
+            buf_rows, row_off = 64, wg * 64  # the O buffer: the warpgroup's rows 0..63
         rO = cute.make_rmem_tensor(f.acc_O.layout, self.dtype)
         rO.store(f.acc_O.load().to(self.dtype))
         rO32_mn = _acc_mn_view(cute.recast_tensor(rO, cutlass.Uint32))  # (2 rows, hd/8 pairs)
-        if cutlass.const_expr(self.q_stages == 1):
-            # One Q buffer: the warpgroup's reads of it in its previous tile (the copy-out
-            # below) come before these writes. (With two, the other stage's epilogue between
-            # them has this barrier.)
+        if cutlass.const_expr(self.o_buffer):
+            mbar_o, phase = stage[1], stage[2]
+            # Warpgroup 0 waits for the phase before its epilogue count's (complete at once
+            # on the fresh barrier of its first tile); the others for the one of their count.
+            cute.arch.mbarrier_wait(mbar_o + wg, phase ^ (Int32(1) - cutlass.min(wg, Int32(1))))
+        if cutlass.const_expr(self.q_stages == 1 or self.o_buffer):
+            # One buffer: the warpgroup's reads of it in its previous tile (the copy-out
+            # below) come before these writes. (With two Q stages, the other stage's epilogue
+            # between them has this barrier.)
             cute.arch.barrier(barrier_id=4 + wg, number_of_threads=128)
         # Each pair (c, c+1) of accumulator row r as one 32-bit word at (row, 8j + 2 (lane % 4)):
         # in a store instruction the warp's eight rows of a pair column fall in eight
         # different 16-byte bank groups (the swizzle), so every store is one wavefront.
-        srow = _frag_row(tidx, 0)  # row 0; row 1 is 8 rows down (the same swizzle phase)
+        srow = _frag_row(tidx, 0) - row_off  # row 0; row 1 is 8 rows down (same swizzle phase)
         rb = self.q_row_bytes
         k = rb // 16
         for j in cutlass.range_constexpr(self.hd // 8):
-            addr = q_base + _swizzled_offset(srow, j % k, j // k, self.tile_m, rb) + 4 * (lane % 4)
+            addr = base + _swizzled_offset(srow, j % k, j // k, buf_rows, rb) + 4 * (lane % 4)
             for r in cutlass.range_constexpr(2):
                 _st_shared_u32(addr + r * 8 * rb, rO32_mn[r, j])
         for r in cutlass.range_constexpr(2):
@@ -1327,9 +1367,12 @@ class FlashFwdSm90:
         items = [((lt + 128 * i) // chunks, (lt + 128 * i) % chunks)
                  for i in range(64 * chunks // 128)]  # (row of the warpgroup's 64, chunk)
         # All reads first (their latencies overlap), then the stores.
-        words = [_ld_shared_v4(q_base + _swizzled_offset(wg * 64 + row, ch % k, ch // k,
-                                                         self.tile_m, rb))
+        words = [_ld_shared_v4(base + _swizzled_offset(wg * 64 - row_off + row, ch % k, ch // k,
+                                                       buf_rows, rb))
                  for row, ch in items]
+        if cutlass.const_expr(self.o_buffer):
+            # The reads are done (their values are in registers): the next warpgroup's turn.
+            cute.arch.mbarrier_arrive(mbar_o + (wg + 1) % self.num_mma_wg)
         s0 = t.m_block * self.tile_m + wg * 64
         addr = ptrs.o_ptr.toint() + 2 * (Int64(t.head) * o_stride_h + Int64(t.batch) * o_stride_b
                                          + Int64(t.q_start + s0) * o_stride_s)
@@ -1337,9 +1380,10 @@ class FlashFwdSm90:
             row, ch = items[i]
             if s0 + row < t.sq:
                 _st_global_v4(addr + 2 * (Int64(row) * o_stride_s + Int64(ch * 8)), words[i])
-        # The producer's next TMA load into this Q stage comes after the release (async proxy
-        # after these generic reads).
-        cute.arch.fence_view_async_shared()
+        if cutlass.const_expr(not self.o_buffer):
+            # The producer's next TMA load into this Q stage comes after the release (async
+            # proxy after these generic reads).
+            cute.arch.fence_view_async_shared()
 
     @cute.jit
     def store_partial(self, tidx, f: _Frags, t: _Tile, lse_vals, ptrs: Ptrs, shape: Shape):
