@@ -60,11 +60,12 @@ class Tile:
     +3.6 %) or where the epilogue is long (one Q buffer: hd192 +2 to +8 %, hd256 +1 to +3 %).
     Off where it measured a loss or nothing: hd128's 176-key tile (one Q buffer, 20-47 key
     blocks per tile: -2 to -3 %), hd64's 192-row tile (+-1.5 %). docs/perf-notes.md v19.
-    ``o_buffer`` (with ``staged_store``, two MMA warpgroups): O passes through a 64-row buffer
-    of its own instead of the Q stage, which is then released before the epilogue as without
-    staging; the warpgroups take the buffer in turn, handed over through two mbarriers. For
-    the tile with one Q buffer and 16 KB of shared memory to spare (hd128 on 176 keys;
-    docs/perf-notes.md v20)."""
+    ``o_buffer`` (with ``staged_store``): O passes through a 64-row buffer of its own instead
+    of the Q stage, which is then released before the epilogue as without staging; the MMA
+    warpgroups take the buffer in turn, each handing it on to the next through an mbarrier.
+    hd128's 176-key tile (one Q buffer, 16 KB of shared memory to spare): +0.5 to +7.4 %
+    non-causal, +1.8 to +3.3 % on long causal rows and packed documents; hd64's 192-row tile:
+    non-causal +1.6 to +2.9 %, causal -0.5 to +1.4 % (docs/perf-notes.md v20)."""
 
     m: int
     n: int
@@ -85,11 +86,14 @@ class Tile:
 # has many key blocks: hd64 on 192 rows +1.1 to +2.1 % on every shape measured, causal S = 2k to
 # 16k, packed documents, non-causal (docs/perf-notes.md v18); the 128-key hd128 tile, whose
 # calls are short causal rows and windows, keeps it off (causal S = 1k / 2k -0.9 / -0.5 %).
+# hd64's 192-row tile writes O through an O buffer that its three warpgroups hand on
+# (``o_buffer``; through its Q buffer it had measured +-1.5 %): non-causal +1.6 / +2.9 % at
+# S = 8k / 2k, causal -0.5 to +1.4 % (v20).
 # Every hd64 kernel (the 128-row and decode tiles too) sums P in four chains (``sum_chains``):
 # one rounding order for all, so hd64's decode and prefill kernels stay bitwise equal.
 TILES = {
     "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True,
-                        sum_chains=True),
+                        sum_chains=True, staged_store=True, o_buffer=True),
                96: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
                128: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
                192: Tile(m=128, n=112, kv_stages=2, staged_store=True),

@@ -104,8 +104,11 @@ def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k
 # Causal calls whose rows see at least this many keys on average take the wide-n causal kernel
 # (configs.TILES_WIDE_N, ``KernelConfig.long_kv``). hd128, 176 against 128 keys, in-process
 # A/B (docs/perf-notes.md v15): causal S = 1k -9 %, 2k -5 %, 3k -2 %, 4k -1 to +1 %, 6k +1 %,
-# 8k +2 %, 16k +2 % (rows seeing S / 2 keys on average).
-LONG_KV_KEYS = 3072
+# 8k +2 %, 16k +2 % (rows seeing S / 2 keys on average). Since the wide tile writes O through
+# an O buffer of its own (v20), 176 against 128 keys: S = 4k -0.8 %, 5k +2.0 %, 6k +3.4 %,
+# packed documents zipf +2.3 % (rows seeing ~2.7k keys by varlen_length), 8 x 4k +0.8 %,
+# 12 x 3k +0.9 %: the threshold moved from 3,072 to 2,560 keys.
+LONG_KV_KEYS = 2560
 
 
 def prefer_long_kv(seqlen_q: float, seqlen_k: float) -> bool:

@@ -161,7 +161,9 @@ def test_hd128_wide_n_tiles():
 @pytest.mark.parametrize("sq,sk,wide", [(1024, 1024, False), (4096, 4096, False),
                                         (6144, 6144, True), (8192, 8192, True),
                                         (1024, 8192, True), (8192, 1024, False),
-                                        (2048, 4096, True), (2048, 4000, False)])
+                                        (2048, 4096, True), (2048, 4000, True),
+                                        (2048, 3500, False), (5120, 5120, True),
+                                        (4608, 4608, False)])
 def test_prefer_long_kv(sq, sk, wide):
     from fa4_aot.schedule import prefer_long_kv
     assert prefer_long_kv(sq, sk) is wide
@@ -254,17 +256,18 @@ def test_every_hd64_kernel_sums_p_in_four_chains():
 
 
 def test_o_stored_through_shared_memory_where_it_measured_faster():
-    """O goes to global memory through shared memory (``staged_store``) on the sm_90a prefill
-    tiles where it measured faster: through the tile's Q buffer on every 128-row tile of 128 or
-    fewer keys (hd96, hd128, hd192, hd256, hd64's 128-row alternative), through an O buffer of
-    its own (``o_buffer``) on hd128's 176-key tile (one Q buffer, long tiles: through it
-    -2 to -3 %); not on hd64's 192-row tile (+-1.5 %) or the decode kernels
-    (docs/perf-notes.md v19, v20)."""
+    """O goes to global memory through shared memory (``staged_store``) on every sm_90a
+    prefill tile: through the tile's Q buffer on the 128-row tiles of 128 or fewer keys (hd96,
+    hd128, hd192, hd256, hd64's 128-row alternative), through an O buffer of its own that the
+    MMA warpgroups hand on (``o_buffer``) on hd128's 176-key tile (one Q buffer, long tiles:
+    through it -2 to -3 %) and hd64's 192-row tile (through its Q buffer +-1.5 %); not on the
+    decode kernels (docs/perf-notes.md v19, v20)."""
     from fa4_aot.configs import DECODE_TILES, DECODE_WIDE_TILES, TILES, TILES_M128, TILES_WIDE_N
-    assert [hd for hd, t in TILES["sm_90a"].items() if t.staged_store] == [96, 128, 192, 256]
+    assert [hd for hd, t in TILES["sm_90a"].items() if t.staged_store] == [64, 96, 128, 192, 256]
+    assert [hd for hd, t in TILES["sm_90a"].items() if t.o_buffer] == [64]
     assert all(t.staged_store for t in TILES_M128["sm_90a"].values())
     assert all(t.staged_store and t.o_buffer for t in TILES_WIDE_N["sm_90a"].values())
-    tables = (TILES["sm_90a"], TILES_M128["sm_90a"], DECODE_TILES, DECODE_WIDE_TILES)
+    tables = (TILES_M128["sm_90a"], DECODE_TILES, DECODE_WIDE_TILES)
     assert not any(t.o_buffer for table in tables for t in table.values())
     assert not any(t.staged_store
                    for table in (DECODE_TILES, DECODE_WIDE_TILES) for t in table.values())
