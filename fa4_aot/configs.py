@@ -58,8 +58,9 @@ class Tile:
     where a second Q buffer hides that (hd128's 128-key tile: causal S = 1k..4k +4 to +12 %,
     packed documents +3 to +4 %, windows +5 to +9 %; hd64's 128-row tile +3 to +5 %; hd96 up to
     +3.6 %) or where the epilogue is long (one Q buffer: hd192 +2 to +8 %, hd256 +1 to +3 %).
-    Off where it measured a loss or nothing: hd128's 176-key tile (one Q buffer, 20-47 key
-    blocks per tile: -2 to -3 %), hd64's 192-row tile (+-1.5 %). docs/perf-notes.md v19.
+    Through the Q buffer it measured a loss or nothing on hd128's 176-key tile (one Q buffer,
+    20-47 key blocks per tile: -2 to -3 %) and hd64's 192-row tile (+-1.5 %): those stage O
+    through an O buffer (below). docs/perf-notes.md v19, v20.
     ``o_buffer`` (with ``staged_store``): O passes through a 64-row buffer of its own instead
     of the Q stage, which is then released before the epilogue as without staging; the MMA
     warpgroups take the buffer in turn, each handing it on to the next through an mbarrier.

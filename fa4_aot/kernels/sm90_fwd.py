@@ -1335,8 +1335,9 @@ class FlashFwdSm90:
         rO32_mn = _acc_mn_view(cute.recast_tensor(rO, cutlass.Uint32))  # (2 rows, hd/8 pairs)
         if cutlass.const_expr(self.o_buffer):
             mbar_o, phase = stage[1], stage[2]
-            # Warpgroup 0 waits for the phase before its epilogue count's (complete at once
-            # on the fresh barrier of its first tile); the others for the one of their count.
+            # Epilogue k of warpgroup w > 0 waits for phase k of mbar_o[w] (warpgroup w - 1's
+            # epilogue k); warpgroup 0's for phase k - 1 of mbar_o[0] (the last warpgroup's
+            # epilogue k - 1; for k = 0 the fresh barrier's "previous" phase: at once).
             cute.arch.mbarrier_wait(mbar_o + wg, phase ^ (Int32(1) - cutlass.min(wg, Int32(1))))
         if cutlass.const_expr(self.q_stages == 1 or self.o_buffer):
             # One buffer: the warpgroup's reads of it in its previous tile (the copy-out
