@@ -7,10 +7,10 @@
 # causal long_kv alternative: short queries on a long cache), both ending in a partial block;
 # O written through the tile's Q stage by CTAs that reuse it (hd128 causal 1k: two Q buffers,
 # ~4 tiles per CTA; hd192 / hd256: one Q buffer, 2 tiles per CTA) and through the O buffer that
-# the two MMA warpgroups hand over by mbarrier (hd128 non-causal 1k, 176-key blocks, ~4 tiles
-# per CTA); a decode call (packed GQA,
-# split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed varlen offsets
-# and paged-KV tables).
+# the MMA warpgroups hand on by mbarrier (hd128 non-causal 1k, 176-key blocks, ~4 tiles per
+# CTA; hd64's 192-row cases above, three warpgroups, up to ~5 tiles per CTA); a decode call
+# (packed GQA, split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed
+# varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u

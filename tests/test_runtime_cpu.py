@@ -680,7 +680,7 @@ def test_varlen_wide_n_on_the_token_weighted_length(monkeypatch, lens, n):
     average token's document, from the totals and max_seqlen), not the mean document length:
     16k + 32 x 512 (mean 993, 8,448 by tokens) ran 2.5 % faster on it, 12 x 3k 1.3 % slower
     (docs/perf-notes.md v18); the zipf mix (5,398 by the estimate, its rows seeing 2,699 keys)
-    1.1-3.3 % faster since the wide tile has its O buffer (v20)."""
+    2.3 % faster on it than on 128 keys since the wide tile has its O buffer (v20)."""
     kl = _causal_varlen_launch(monkeypatch, lens, heads=2)
     assert kl.record["launch"]["tile"]["n"] == n, kl.name
 
