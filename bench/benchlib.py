@@ -202,6 +202,12 @@ def build_cases(groups="all") -> list[Case]:
     return cases
 
 
+def doc_lens(spec: str) -> list[int]:
+    """``16384+512*32`` -> document lengths (joined by ``+``; ``N*k``: k documents of N)."""
+    return [int(n) for tok in spec.split("+")
+            for n in ([tok.split("*")[0]] * int(tok.split("*")[1]) if "*" in tok else [tok])]
+
+
 def parse_shapes(spec: str) -> list[Case]:
     """``B,H,S,D[,c][,wL:R];...`` -> dense cases (c = causal, wL:R = window (L, R))."""
     cases = []

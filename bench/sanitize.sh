@@ -9,11 +9,13 @@
 # ~4 tiles per CTA; hd192 / hd256: one Q buffer, 2 tiles per CTA) and through the O buffer that
 # the MMA warpgroups hand on by mbarrier (hd128 non-causal 1k, 176-key blocks, ~4 tiles per
 # CTA; hd64's 192-row cases above, three warpgroups, up to ~5 tiles per CTA); a decode call
-# (packed GQA, split-KV + combine); and, under memcheck only, bench/bad_inputs.py (malformed
+# (packed GQA, split-KV + combine); packed documents on the compact tile order (one long
+# document among short ones, causal); and, under memcheck only, bench/bad_inputs.py (malformed
 # varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u
+set -f  # the cases are split on spaces, never globbed (docs:1024+64*40)
 out=${1:-.}
 cases=(
   "1 1 128 128 1 steal"
@@ -29,11 +31,12 @@ cases=(
   "4 16 1024 128 0 steal"
   "1 4 256 128 1 steal 4608"
   "8 32 1 128 1 auto 4096 8"
+  "docs:1024+64*40 4 128 1 steal"
 )
 failed=0
 for tool in racecheck synccheck memcheck; do
   for c in "${cases[@]}"; do
-    log="$out/sanitize_${tool}_$(echo $c | tr ' ' '_').log"
+    log="$out/sanitize_${tool}_$(echo $c | tr ' :+*' '____').log"
     compute-sanitizer --tool $tool --kernel-name kns=fa4aot --print-limit 20 --report-api-errors no \
       --error-exitcode 1 python3 bench/one_call.py $c > "$log" 2>&1
     rc=$?

@@ -15,6 +15,8 @@ Order (longest-processing-time first, L2-aware):
   most keys) to the first, and for each m-block all pairs of the section in turn.
 
 For non-causal attention every tile costs the same and the order only serves L2 reuse.
+Mostly empty varlen grids are walked in a compact order of their own (:func:`compact_tiles`),
+sectioned the same way inside each document.
 """
 
 from __future__ import annotations
@@ -58,15 +60,19 @@ def encode_tile(m_block, head, batch, num_m_blocks, num_heads, section):
 def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int) -> list[int]:
     """Varlen launches with ``seq_mode`` bit 16 (python mirror of the sm_90a producer's
     ``compact_to_dense``): compact index ``c`` -> the tile index of :func:`decode_tile`'s
-    order. Only non-empty m-blocks are counted: documents in order, each document's m-blocks
-    from the last (the longest under a causal mask) to the first, all heads of an m-block
-    together."""
+    order. Only non-empty m-blocks are counted: documents in order; inside a document, its heads
+    in groups of ``section`` (a divisor of ``num_heads`` on such launches, chosen for the
+    longest document's K/V as :func:`choose_section` does for dense calls, so that a long
+    document's heads in flight keep their K/V in L2); inside a group, the m-blocks from the
+    last (the longest under a causal mask) to the first, the group's heads together."""
+    assert num_heads % section == 0, (num_heads, section)
     out = []
     for doc, nb in enumerate(doc_m_blocks):
-        for m_rev in range(nb):
-            for head in range(num_heads):
-                out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
-                                       section))
+        for first in range(0, num_heads, section):
+            for m_rev in range(nb):
+                for head in range(first, first + section):
+                    out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
+                                           section))
     return out
 
 
@@ -89,6 +95,20 @@ def choose_section(num_heads: int, batch: int, seqlen_k: int, head_dim: int, ele
                     best = c
         d += 1
     return best
+
+
+def compact_section(num_heads: int, seqlen_k: int, head_dim: int, elem_bytes: int,
+                    qhead_per_kvhead: int = 1, causal: bool = False) -> int:
+    """Heads per section of the compact varlen order (:func:`compact_tiles`), a divisor of
+    ``num_heads``. Non-causal: sized as :func:`choose_section` sizes a dense call of one
+    sequence of the longest document's length: hd128 1x16k + 32x512 and the zipf mix +2.6 /
+    +3.3 % against all heads at once. Causal: all heads. Sections there restart at the
+    heaviest m-block of each head section, so the tiles left at the end of a document are
+    heavy ones: -0.3 % on the same mixes, -2 % at hd64 and on 24 x 1k + 8k, although they
+    halve the DRAM reads (1.4 -> 0.8 GB on 1x16k + 32x512; docs/perf-notes.md v21)."""
+    if causal:
+        return num_heads
+    return choose_section(num_heads, 1, seqlen_k, head_dim, elem_bytes, qhead_per_kvhead)
 
 
 def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,

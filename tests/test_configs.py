@@ -206,14 +206,38 @@ def test_encode_tile_inverts_decode_tile(num_m, heads, batch):
 
 def test_compact_tiles_are_the_non_empty_tiles_once_longest_first():
     from fa4_aot.schedule import compact_tiles
-    nbs, heads, num_m, section = [3, 0, 1, 2], 2, 3, 4
-    order = compact_tiles(nbs, heads, num_m, section)
-    got = [decode_tile(i, num_m, heads, section) for i in order]
-    assert sorted(got) == sorted((m, h, b) for b, nb in enumerate(nbs) for m in range(nb)
-                                 for h in range(heads))
-    # documents in turn, m-blocks from the last, heads together
+    nbs, heads, num_m = [3, 0, 1, 2], 2, 3
+    for section in (1, 2):
+        order = compact_tiles(nbs, heads, num_m, section)
+        got = [decode_tile(i, num_m, heads, section) for i in order]
+        assert sorted(got) == sorted((m, h, b) for b, nb in enumerate(nbs) for m in range(nb)
+                                     for h in range(heads))
+    # section = heads: documents in turn, m-blocks from the last, all heads together
     assert got[:6] == [(2, 0, 0), (2, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0)]
     assert got[6:8] == [(0, 0, 2), (0, 1, 2)]
+
+
+def test_compact_tiles_section_the_heads_inside_each_document():
+    """A long document's heads go in sections (its K/V in L2), each section longest first."""
+    from fa4_aot.schedule import compact_tiles
+    nbs, heads, num_m, section = [3, 1], 4, 3, 2
+    got = [decode_tile(i, num_m, heads, section)
+           for i in compact_tiles(nbs, heads, num_m, section)]
+    assert got == [(2, 0, 0), (2, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0),
+                   (2, 2, 0), (2, 3, 0), (1, 2, 0), (1, 3, 0), (0, 2, 0), (0, 3, 0),
+                   (0, 0, 1), (0, 1, 1), (0, 2, 1), (0, 3, 1)]
+    with pytest.raises(AssertionError):
+        compact_tiles(nbs, 3, num_m, 2)  # a section must divide the heads
+
+
+def test_compact_section_l2_sized_non_causal_all_heads_causal():
+    from fa4_aot.schedule import compact_section
+    # one head of 16k x hd128 is 8 MB of K/V, the L2 budget: one head a section
+    assert compact_section(16, 16384, 128, 2) == 1
+    assert compact_section(16, 16384, 64, 2) == 2
+    assert compact_section(16, 2048, 128, 2) == 8
+    assert compact_section(24, 4096, 128, 2, qhead_per_kvhead=3) == 12
+    assert compact_section(16, 16384, 128, 2, causal=True) == 16
 
 
 def test_decode_tiles_keep_96kb_in_flight():

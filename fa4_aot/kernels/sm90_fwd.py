@@ -58,7 +58,7 @@ from fa4_aot.schedule import decode_tile, encode_tile
 
 from .common import (CHAINS4, SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
                      mask_row, online_softmax_row, seqlen_info)
-from .tile_sched import TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
+from .tile_sched import STATIC, TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 GROUPS = FWD_SM90.group_types()
@@ -601,11 +601,9 @@ class FlashFwdSm90:
                     # The next tile, once this tile's loads are issued: the consumers are still
                     # kv_stages blocks behind, so the atomic's latency stays hidden.
                     tile, _ = sched.next(tile)
-                else:
-                    if not self.compact(shape):
-                        # This tile's loads are issued: the fetcher may take the next one.
-                        if cute.arch.lane_idx() == 0:
-                            cute.arch.mbarrier_arrive(self.issued_barrier(slots))
+                elif cute.arch.lane_idx() == 0:
+                    # This tile's loads are issued: the fetcher may take the next one.
+                    cute.arch.mbarrier_arrive(self.issued_barrier(slots))
 
     def scheduler(self, ptrs: Ptrs, shape: Shape, num_tiles=None) -> AtomicCounterScheduler:
         """The tile scheduler over ``num_tiles`` indices (default: the launch's tiles)."""
@@ -650,25 +648,30 @@ class FlashFwdSm90:
         return s * shape.num_heads
 
     @cute.jit
-    def compact_to_dense(self, c, total, doc, doc_base, ptrs: Ptrs, shape: Shape, totals):
-        """Compact index ``c`` -> (tile index, document, its first compact index); the tile
-        index is ``shape.num_tiles`` (stop) when ``c >= total``. The order
-        (schedule.compact_tiles): documents in turn, each one's m-blocks from the last to the
-        first, all heads of an m-block together. The walk starts at the cursor ``doc``: this
-        CTA's indices only grow, so over the launch it reads each document's offsets about
-        once."""
+    def compact_to_dense(self, c, total, doc, doc_base, nb, ptrs: Ptrs, shape: Shape, totals):
+        """Compact index ``c`` -> (tile index, document, its first compact index, its m-blocks
+        ``nb``); the tile index is ``shape.num_tiles`` (stop) when ``c >= total``. The order
+        (schedule.compact_tiles): documents in turn; inside a document its heads in groups of
+        ``shape.section`` (a divisor of num_heads on compact launches), each group's m-blocks
+        from the last to the first, the group's heads together. The walk starts at the cursor
+        ``doc`` (whose m-blocks ``nb`` the previous call returned): this CTA's indices only
+        grow, so over the launch it reads each document's offsets about once."""
         dense = shape.num_tiles
-        if c < total:
+        if cutlass.const_expr(self.sched == STATIC):
+            # Read again: a register carried across the static fetcher's loop spills there.
             nb = self.doc_m_blocks(doc, ptrs, shape, totals)
+        if c < total:
             while c >= doc_base + nb * shape.num_heads:
                 doc_base = doc_base + nb * shape.num_heads
                 doc = doc + 1
                 nb = self.doc_m_blocks(doc, ptrs, shape, totals)
             r = c - doc_base
-            m_rev = r // shape.num_heads
-            dense = encode_tile(nb - 1 - m_rev, r - m_rev * shape.num_heads, doc,
-                                shape.num_m_blocks, shape.num_heads, shape.section)
-        return dense, doc, doc_base
+            group = r // (nb * shape.section)
+            r = r - group * (nb * shape.section)
+            m_rev = r // shape.section
+            dense = encode_tile(nb - 1 - m_rev, group * shape.section + r - m_rev * shape.section,
+                                doc, shape.num_m_blocks, shape.num_heads, shape.section)
+        return dense, doc, doc_base, nb
 
     @cute.jit
     def tile_fetcher(self, slots, pipe_tile, ptrs: Ptrs, shape: Shape, totals):
@@ -689,14 +692,16 @@ class FlashFwdSm90:
         if self.compact(shape):
             if c >= total:  # every CTA makes its one fetch past the end (counter reset)
                 c, _ = sched.next(c)
-        doc, doc_base = Int32(0), Int32(0)
+        doc, doc_base, nb = Int32(0), Int32(0), Int32(0)
+        if self.compact(shape):
+            nb = self.doc_m_blocks(doc, ptrs, shape, totals)
         issued_phase = Int32(0)
         running = cutlass.Boolean(True)
         while running:
             tile = c
             if self.compact(shape):
-                tile, doc, doc_base = self.compact_to_dense(c, total, doc, doc_base, ptrs, shape,
-                                                            totals)
+                tile, doc, doc_base, nb = self.compact_to_dense(c, total, doc, doc_base, nb, ptrs,
+                                                                shape, totals)
             elif shape.seq_mode & SEQ_VARLEN != 0:
                 tile = self.skip_empty_tiles(c, ptrs, shape)
                 c = tile
@@ -705,14 +710,12 @@ class FlashFwdSm90:
             if tile >= shape.num_tiles:
                 running = False
             else:
-                if not self.compact(shape):
-                    # Take the next tile once the producer warp has issued this one's loads:
-                    # the CTA claims one tile ahead, as when the producer fetched for itself.
-                    # Claiming two ahead (free slots permitting) cost causal 8k hd128 5 %, while
-                    # compact varlen gains from it (its walk over the documents would be latency
-                    # on the producer's path), docs/perf-notes.md v12.
-                    cute.arch.mbarrier_wait(self.issued_barrier(slots), issued_phase)
-                    issued_phase = issued_phase ^ 1
+                # Take the next tile once the producer warp has issued this one's loads: the
+                # CTA claims one tile ahead. Claiming two ahead (free slots permitting) cost
+                # causal 8k hd128 5 % (docs/perf-notes.md v12), and on the compact order,
+                # whose head sections restart at the heaviest m-block, a long tail (v21).
+                cute.arch.mbarrier_wait(self.issued_barrier(slots), issued_phase)
+                issued_phase = issued_phase ^ 1
                 c, _ = sched.next(c)
 
     @cute.jit

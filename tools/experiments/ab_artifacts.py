@@ -34,9 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import fa4_aot  # noqa: E402
 from fa4_aot import interface, manifest, runtime, schedule  # noqa: E402
-from bench.benchlib import visible_pairs  # noqa: E402
+from bench.benchlib import doc_lens, visible_pairs  # noqa: E402
 from bench.bench_decode import paged_inputs  # noqa: E402
-from tools.experiments.prefill_ncu_probe import doc_lens  # noqa: E402
 
 
 class Variant:

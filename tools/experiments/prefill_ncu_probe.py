@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
+from bench.benchlib import doc_lens  # noqa: E402
 try:
     from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 except ImportError:  # fa4_aot alone
@@ -33,12 +34,6 @@ def profile_once(calls, warmups=3):
         f()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-
-
-def doc_lens(spec: str) -> list[int]:
-    """``16384+512*32`` -> document lengths (joined by ``+``; ``N*k``: k documents of N)."""
-    return [int(n) for tok in spec.split("+")
-            for n in ([tok.split("*")[0]] * int(tok.split("*")[1]) if "*" in tok else [tok])]
 
 
 def calls_for(argv):
