@@ -25,13 +25,14 @@ import threading
 from functools import lru_cache
 from typing import NamedTuple
 
-from . import runtime, schedule
+from . import runtime
 from .abi import KV_CHUNK
 from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128, TILES_WIDE_N
 from .decode import MAX_SPLITS, choose_num_splits, use_decode_kernels, use_wide_tile
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
-from .schedule import choose_section, prefer_long_kv, prefer_m128, varlen_length
+from .schedule import (choose_section, compact_section, prefer_long_kv, prefer_m128,
+                       varlen_length)
 
 try:
     import torch
@@ -546,9 +547,8 @@ def derive_launches(c: Call) -> CallPlan:
     compact = (c.varlen and not decode
                and b * num_m_blocks >= 2 * (-(-q_rows // tile_m) + b))
     if compact:
-        # Its order sections each document's heads (schedule.compact_tiles): a divisor of h,
-        # sized for the longest document's K/V.
-        section = schedule.compact_section(h, sk, d, c.elem_bytes, g, c.causal)
+        # The compact order's head sections, inside each document (a divisor of h)
+        section = compact_section(h, sk, d, c.elem_bytes, g, c.causal)
     if num_tiles == 0:
         return CallPlan(out_shape, lse_shape, _NOTHING, ())
     o_stride = c.out[1]

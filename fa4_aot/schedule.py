@@ -15,8 +15,8 @@ Order (longest-processing-time first, L2-aware):
   most keys) to the first, and for each m-block all pairs of the section in turn.
 
 For non-causal attention every tile costs the same and the order only serves L2 reuse.
-Mostly empty varlen grids are walked in a compact order of their own (:func:`compact_tiles`),
-sectioned the same way inside each document.
+Mostly empty varlen grids are walked in a compact order of their own (:func:`compact_tiles`):
+documents in turn, each one's heads in sections (:func:`compact_section`).
 """
 
 from __future__ import annotations
@@ -61,10 +61,9 @@ def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int)
     """Varlen launches with ``seq_mode`` bit 16 (python mirror of the sm_90a producer's
     ``compact_to_dense``): compact index ``c`` -> the tile index of :func:`decode_tile`'s
     order. Only non-empty m-blocks are counted: documents in order; inside a document, its heads
-    in groups of ``section`` (a divisor of ``num_heads`` on such launches, chosen for the
-    longest document's K/V as :func:`choose_section` does for dense calls, so that a long
-    document's heads in flight keep their K/V in L2); inside a group, the m-blocks from the
-    last (the longest under a causal mask) to the first, the group's heads together."""
+    in groups of ``section`` (a divisor of ``num_heads`` on such launches,
+    :func:`compact_section`); inside a group, the m-blocks from the last (the longest under a
+    causal mask) to the first, the group's heads together."""
     assert num_heads % section == 0, (num_heads, section)
     out = []
     for doc, nb in enumerate(doc_m_blocks):
