@@ -66,7 +66,15 @@ class Tile:
     warpgroups take the buffer in turn, each handing it on to the next through an mbarrier.
     hd128's 176-key tile (one Q buffer, 16 KB of shared memory to spare): +0.5 to +7.4 %
     non-causal, +1.8 to +3.3 % on long causal rows and packed documents; hd64's 192-row tile:
-    non-causal +1.6 to +2.9 %, causal -0.5 to +1.4 % (docs/perf-notes.md v20)."""
+    non-causal +1.6 to +2.9 %, causal -0.5 to +1.4 % (docs/perf-notes.md v20).
+    ``lazy_rescale`` (sm_90a): a row's running max moves only when a key block raises it by
+    more than 2^8 (FA4's Blackwell rule); otherwise P is taken against the old max (values up
+    to 256, harmless in fp32 and in 16-bit P) and, when no row of a warp moved, O's rescale is
+    skipped. Each row decides for itself, so the bits do not depend on which rows share a warp
+    (packed GQA). hd64, whose exponentials bound the block: +1.2 to +1.9 % on long rows and
+    packed documents; hd128 -0.3 to -5 %, hd256 +0.2 to +0.6 %: off there (v22). Well inside
+    FA's error rule; on a sharply peaked row the dominant P is no longer exactly 1, which adds
+    one 16-bit rounding to it."""
 
     m: int
     n: int
@@ -78,6 +86,7 @@ class Tile:
     sum_chains: bool = False
     staged_store: bool = False
     o_buffer: bool = False
+    lazy_rescale: bool = False
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -90,11 +99,12 @@ class Tile:
 # hd64's 192-row tile writes O through an O buffer that its three warpgroups hand on
 # (``o_buffer``; through its Q buffer it had measured +-1.5 %): non-causal +1.6 / +2.9 % at
 # S = 8k / 2k, causal -0.5 to +1.4 % (v20).
-# Every hd64 kernel (the 128-row and decode tiles too) sums P in four chains (``sum_chains``):
-# one rounding order for all, so hd64's decode and prefill kernels stay bitwise equal.
+# Every hd64 kernel (the 128-row and decode tiles too) sums P in four chains (``sum_chains``)
+# and moves its row max lazily (``lazy_rescale``): one arithmetic for all, so hd64's decode and
+# prefill kernels stay bitwise equal.
 TILES = {
     "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True,
-                        sum_chains=True, staged_store=True, o_buffer=True),
+                        sum_chains=True, staged_store=True, o_buffer=True, lazy_rescale=True),
                96: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
                128: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
                192: Tile(m=128, n=112, kv_stages=2, staged_store=True),
@@ -122,7 +132,7 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=Tr
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
 # more than it gains (``schedule.prefer_m128``: causal S = 1k, 308 against 295 TFLOP/s in v16).
 TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale_early=True,
-                                  sum_chains=True, staged_store=True)}}
+                                  sum_chains=True, staged_store=True, lazy_rescale=True)}}
 
 # Decode / short-query kernels (``KernelConfig.decode``, sm_90a): packed GQA (the query heads of
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
@@ -132,7 +142,8 @@ TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale
 # 128 x 3 stages at hd128) measured 1-3.4 % slower on every contiguous decode row, 64 KB 1-6 %
 # slower (docs/perf-notes.md v17). Three stages or more where possible: the paged loads issue
 # K and V in one pass then (``merged_kv_loads``).
-DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=True),
+DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=True,
+                         lazy_rescale=True),
                 96: Tile(m=64, n=64, kv_stages=4, pingpong=False),
                 128: Tile(m=64, n=64, kv_stages=3, pingpong=False),
                 192: Tile(m=64, n=64, kv_stages=2, pingpong=False),

@@ -134,6 +134,45 @@ def test_softmax_scale_and_lse():
 # ----------------------------------------------------------------------------- softcap
 
 
+@pytest.mark.parametrize("kind", ["rising", "falling", "outlier", "x10"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_row_max_that_moves(d, causal, kind):
+    """Scores whose row max moves a lot from key block to key block (the kernels visit the
+    blocks last to first): rising toward the first keys, falling, one outlier key, all x10.
+    hd64's lazy row max (``Tile.lazy_rescale``) keeps a stale max up to 2^8 below the true one
+    and skips O's rescale; the result must still pass FA's rule, LSE included, on the prefill
+    (every scheduler, bitwise equal) and decode kernels."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    sk, h = 3000, 4
+    pos = torch.arange(sk, device="cuda").view(1, sk, 1, 1) / sk
+    k = torch.randn(1, sk, h, d, device="cuda", generator=g)
+    q = torch.randn(1, sk, h, d, device="cuda", generator=g)
+    if kind == "rising":
+        k = k * (1 + 6 * (1 - pos))
+    elif kind == "falling":
+        k = k * (1 + 6 * pos)
+    elif kind == "outlier":
+        k[:, 5] = 4 * q[:, -200:].mean(1)
+    else:
+        q = 10 * q
+    q, k = q.bfloat16(), k.bfloat16()
+    v = torch.randn(1, sk, h, d, device="cuda", generator=g).bfloat16()
+    for sq in (sk, 16):  # prefill kernels; 16 rows: the decode kernels
+        qq = q[:, -sq:].contiguous()
+        outs = []
+        for sched in ("single", "steal"):
+            out, lse = fa4_aot.attention(qq, k, v, causal=causal, return_lse=True,
+                                         scheduler=sched, out=torch.full_like(qq, float("nan")))
+            outs.append(out)
+        ref, lse_ref = attention_ref(qq, k, v, causal=causal)
+        ref_pt, _ = attention_ref(qq, k, v, causal=causal, upcast=False)
+        check_close(outs[1], ref, ref_pt)
+        assert (lse - lse_ref).abs().max().item() < 1e-2
+        if sq == sk:
+            assert torch.equal(outs[0], outs[1]), "steal differs from single"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("mask", ["full", "causal", "window"])

@@ -135,6 +135,18 @@ def test_staged_o_store_in_the_ptx(name):
         assert bool(handed_over) == cfg.tile.o_buffer
 
 
+@pytest.mark.parametrize("name", sorted(n for n, r in MANIFEST["kernels"].items()
+                                        if r["config"]["arch"] == "sm_90a"
+                                        and r["config"]["kind"] == "fwd"))
+def test_lazy_rescale_votes_in_the_ptx(name):
+    """``lazy_rescale`` kernels skip O's rescale by a warp vote (no row of the warp moved its
+    max); no other sm_90a kernel votes."""
+    rec = MANIFEST["kernels"][name]
+    cfg = KernelConfig.from_dict(rec["config"])
+    ptx = (ART / rec["ptx"]).read_text()
+    assert ("vote.sync.any.pred" in ptx) == cfg.tile.lazy_rescale
+
+
 def test_check_against_ptx_reports_differences():
     params = abi.ptx_params(abi.FWD_SM90, "bf16", 128, 128, 128)
     ptx = [{"size": p["size"], "align": p["align"]} for p in params]

@@ -57,11 +57,14 @@ from fa4_aot.configs import KernelConfig
 from fa4_aot.schedule import decode_tile, encode_tile
 
 from .common import (CHAINS4, SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
-                     mask_row, online_softmax_row, seqlen_info)
+                     mask_row, online_softmax_row, seqlen_info, warp_needs_rescale)
 from .tile_sched import STATIC, TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 GROUPS = FWD_SM90.group_types()
+# Tile.lazy_rescale: a row's running max moves only when a key block raises it by more than
+# 2^8 (log2 units; docs/perf-notes.md v22).
+RESCALE_THRESHOLD = 8.0
 Ptrs, Strides, Shape, Softmax = (GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax"))
 
 
@@ -252,6 +255,7 @@ class FlashFwdSm90:
         self.pingpong = cfg.tile.pingpong and self.num_mma_wg >= 2
         self.rescale_early = cfg.tile.rescale_early and self.intra_wg_overlap
         self.reduction = CHAINS4 if cfg.tile.sum_chains else TREE
+        self.rescale_threshold = RESCALE_THRESHOLD if cfg.tile.lazy_rescale else None
         # O written through this tile's Q buffer (free once the tile's last S wgmma is done;
         # released after the epilogue, so with one Q buffer the next tile's Q load waits for
         # it).
@@ -1139,8 +1143,16 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
 
+    @cute.jit
     def rescale_o(self, f: _Frags):
-        """O *= the online softmax's per-row correction."""
+        """O *= the online softmax's per-row correction. With ``lazy_rescale``, skipped when
+        no row of the warp moved its max (every factor exactly 1)."""
+        if cutlass.const_expr(self.rescale_threshold is None):
+            self._scale_o_rows(f)
+        elif warp_needs_rescale(f.row_scale, cute.size(f.acc_O_mn, mode=[0])):
+            self._scale_o_rows(f)
+
+    def _scale_o_rows(self, f: _Frags):
         for r in range(cute.size(f.acc_O_mn, mode=[0])):  # static sizes: unrolled while tracing
             for c in range(cute.size(f.acc_O_mn, mode=[1])):
                 f.acc_O_mn[r, c] = f.acc_O_mn[r, c] * f.row_scale[r]
@@ -1219,7 +1231,8 @@ class FlashFwdSm90:
         for r in cutlass.range_constexpr(cute.size(f.acc_S_mn, mode=[0])):
             m_new, s_new, rescale = online_softmax_row(
                 RowView(f.acc_S_mn, r), cute.size(f.acc_S_mn, mode=[1]), f.row_max[r],
-                f.row_sum[r], scale_log2, self.reduction, quad_lanes=True)
+                f.row_sum[r], scale_log2, self.reduction, quad_lanes=True,
+                rescale_threshold=self.rescale_threshold)
             f.row_max[r] = m_new
             f.row_sum[r] = s_new
             f.row_scale[r] = rescale

@@ -12,6 +12,7 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 ``re`` / ``nore``    the sm_90a early O rescale (under S's wgmmas) on / off
 ``ss`` / ``noss``    the sm_90a O stores through shared memory (``Tile.staged_store``) on / off
 ``ob`` / ``noob``    ... through an O buffer of their own instead of the Q stage (``Tile.o_buffer``)
+``lr`` / ``nolr``    the sm_90a lazy row-max update (``Tile.lazy_rescale``) on / off
 ``sN``               N K/V pipeline stages
 ``qN``               N Q buffers (1 or 2; sm_90a prefill)
 ``nN``               an n tile of N keys (a multiple of 16)
@@ -61,6 +62,8 @@ def tile_overrides(variant: str) -> dict:
             out["staged_store"] = tok == "ss"
         elif tok in ("ob", "noob"):
             out["o_buffer"] = tok == "ob"
+        elif tok in ("lr", "nolr"):
+            out["lazy_rescale"] = tok == "lr"
         elif re.fullmatch(r"q[12]", tok):
             out["q_stages"] = int(tok[1:])
         elif re.fullmatch(r"s[1-9]", tok):
@@ -71,8 +74,8 @@ def tile_overrides(variant: str) -> dict:
             out["n"] = int(tok[1:])
         else:
             raise ValueError(f"unknown kernel variant token {tok!r} "
-                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, ob, noob, qN, sN, "
-                             "nN, mN)")
+                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, ob, noob, lr, nolr, "
+                             "qN, sN, nN, mN)")
     return out
 
 

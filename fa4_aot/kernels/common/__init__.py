@@ -32,10 +32,13 @@ Online softmax (``softmax.py``)
     ``RowView(tensor, r)``: row ``r`` of a (rows, cols) register view, indexable by column.
     ``tree_reduce(op, vals)``: pairwise reduction.
     ``online_softmax_row(row, n_cols, row_max, row_sum, scale_log2, reduction=TREE,
-    quad_lanes=False) -> (m_new, sum_new, rescale)``: one block of the online softmax in
-        place (row <- P); ``reduction`` TREE (sm_90a) or CHAINS4 (sm_100a) fixes the rounding
-        order; ``quad_lanes``: the row is spread over a quad (sm_90a: two butterfly shuffles
-        complete the max).
+    quad_lanes=False, rescale_threshold=None) -> (m_new, sum_new, rescale)``: one block of
+        the online softmax in place (row <- P); ``reduction`` TREE (sm_90a) or CHAINS4
+        (sm_100a) fixes the rounding order; ``quad_lanes``: the row is spread over a quad
+        (sm_90a: two butterfly shuffles complete the max); ``rescale_threshold``: the row's
+        max moves only when it grows by more than that (log2 units), else ``rescale`` is 1.
+    ``warp_needs_rescale(row_scale, n_rows)``: whether some row of the warp has a factor other
+        than 1 (a warp vote: O's rescale is skipped when none has).
     ``finalize_row(row_max, row_sum, softmax_scale) -> (inv, lse)``: 1/sum and the LSE
         (0 and -inf for a row that saw no key); ``row_sum`` already reduced over the quad.
 
@@ -63,11 +66,12 @@ from .mask import mask_row
 from .output import O_STRIDE_DIVBY, OStrides
 from .seqlen import (SEQ_COMPACT, SEQ_USED_K, SEQ_USED_Q, SEQ_VARLEN, SEQ_VARLEN_K, SeqlenInfo,
                      clamped_doc, seqlen_info)
-from .softmax import CHAINS4, TREE, RowView, finalize_row, online_softmax_row, tree_reduce
+from .softmax import (CHAINS4, TREE, RowView, finalize_row, online_softmax_row, tree_reduce,
+                      warp_needs_rescale)
 
 __all__ = [
     "BlockInfo", "NO_LOWER_BOUND", "mask_row", "OStrides", "O_STRIDE_DIVBY", "SeqlenInfo",
     "seqlen_info", "clamped_doc", "SEQ_COMPACT", "SEQ_VARLEN", "SEQ_USED_Q", "SEQ_USED_K",
     "SEQ_VARLEN_K", "RowView", "tree_reduce", "TREE", "CHAINS4", "online_softmax_row",
-    "finalize_row",
+    "finalize_row", "warp_needs_rescale",
 ]

@@ -53,7 +53,8 @@ CHAINS4 = "chains4"  # four interleaved chains (value c into chain c % 4), then 
 
 @cute.jit
 def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_log2,
-                       reduction: cutlass.Constexpr = TREE, quad_lanes: cutlass.Constexpr = False):
+                       reduction: cutlass.Constexpr = TREE, quad_lanes: cutlass.Constexpr = False,
+                       rescale_threshold: cutlass.Constexpr = None):
     """One online-softmax step for one query row over one key block, in place:
     ``row[c] <- exp2(row[c] * scale_log2 - m_new * scale_log2)`` (m_new: the running max
     including this block; a row that has seen only -inf uses 0 so that exp2 gives 0, not NaN).
@@ -62,7 +63,14 @@ def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_l
     ``quad_lanes``: the row is spread over the 4 lanes of a quad (sm_90a wgmma fragment): the
     block max is completed with two butterfly shuffles (the row sum stays per lane).
     Returns ``(m_new, sum_new, rescale)``: ``rescale`` = exp2((m_old - m_new) * scale_log2),
-    the factor the running O must be multiplied by (``sum_new = row_sum * rescale + sum(P)``)."""
+    the factor the running O must be multiplied by (``sum_new = row_sum * rescale + sum(P)``).
+
+    ``rescale_threshold`` (log2 units, or None): the running max moves only when this block
+    raises it by more than the threshold; otherwise the old max is kept, P may reach
+    2^threshold (harmless in fp32 and in 16-bit P) and ``rescale`` is exactly 1, so the
+    caller can skip O's rescale where a whole warp kept its max (:func:`warp_needs_rescale`).
+    The same softmax against another reference point; a row still at -inf takes any finite
+    max. Each row decides alone: its bits do not depend on the other rows of its warp."""
     if cutlass.const_expr(reduction == TREE):
         m_blk = tree_reduce(cute.arch.fmax, [row[c] for c in range(n_cols)])
     else:
@@ -74,11 +82,21 @@ def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_l
     if cutlass.const_expr(quad_lanes):
         m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=1))
         m_new = cute.arch.fmax(m_new, cute.arch.shuffle_sync_bfly(m_new, offset=2))
+    if cutlass.const_expr(rescale_threshold is not None):
+        # -inf - -inf is NaN (not moved: m stays -inf); finite - -inf is +inf (moved).
+        moved = (m_new - row_max) * scale_log2 > Float32(rescale_threshold)
+        if not moved:
+            m_new = row_max
     m_safe = m_new
     if m_new == -Float32.inf:
         m_safe = Float32(0.0)
     shift = m_safe * scale_log2
-    rescale = cute.math.exp2(row_max * scale_log2 - shift, fastmath=True)
+    if cutlass.const_expr(rescale_threshold is None):
+        rescale = cute.math.exp2(row_max * scale_log2 - shift, fastmath=True)
+    else:
+        rescale = Float32(1.0)
+        if moved:
+            rescale = cute.math.exp2(row_max * scale_log2 - shift, fastmath=True)
     if cutlass.const_expr(reduction == TREE):
         for c in cutlass.range_constexpr(n_cols):
             row[c] = cute.math.exp2(row[c] * scale_log2 - shift, fastmath=True)
@@ -91,6 +109,15 @@ def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_l
             sm[c % 4] = sm[c % 4] + p
         s = _combine4(lambda a, b: a + b, sm)
     return m_new, row_sum * rescale + s, rescale
+
+
+@cute.jit
+def warp_needs_rescale(row_scale, n_rows: cutlass.Constexpr):
+    """Whether some row of this warp has a rescale factor other than 1 (warp-uniform)."""
+    any_row = row_scale[0] != Float32(1.0)
+    for r in cutlass.range_constexpr(1, n_rows):
+        any_row = any_row | (row_scale[r] != Float32(1.0))
+    return cute.arch.vote_any_sync(any_row)
 
 
 @cute.jit
