@@ -232,9 +232,11 @@ def _validate(q, k, v, softmax_scale, causal, varlen, softcap=0.0, paged=False):
         raise ValueError(f"q heads ({h}) must be a multiple of k/v heads ({hk})")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    # > 0: the kernels take each row's max of the raw scores as the softmax's reference point
+    # and mask with -inf, both of which assume a positive scale.
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
-                                          and math.isfinite(softmax_scale)):
-        raise ValueError(f"softmax_scale must be a finite float or None, got {softmax_scale!r}")
+                                          and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a finite float > 0 or None, got {softmax_scale!r}")
     if (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
             or not math.isfinite(softcap) or softcap < 0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 = no capping), got {softcap!r}")

@@ -131,9 +131,6 @@ def test_softmax_scale_and_lse():
     assert not math.isnan(lse.sum().item())
 
 
-# ----------------------------------------------------------------------------- softcap
-
-
 @pytest.mark.parametrize("kind", ["rising", "falling", "outlier", "x10"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
@@ -171,6 +168,9 @@ def test_row_max_that_moves(d, causal, kind):
         assert (lse - lse_ref).abs().max().item() < 1e-2
         if sq == sk:
             assert torch.equal(outs[0], outs[1]), "steal differs from single"
+
+
+# ----------------------------------------------------------------------------- softcap
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])

@@ -104,8 +104,9 @@ def test_bad_scalar_arguments():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="causal must be a bool"):
         fa4_aot.attention(q, k, v, causal=1)
-    with pytest.raises(ValueError, match="softmax_scale"):
-        fa4_aot.attention(q, k, v, softmax_scale=float("nan"))
+    for bad in (float("nan"), 0.0, -0.125):
+        with pytest.raises(ValueError, match="softmax_scale must be a finite float > 0"):
+            fa4_aot.attention(q, k, v, softmax_scale=bad)
     with pytest.raises(ValueError, match="window_size"):
         fa4_aot.attention(q, k, v, window_size=(5,))
     for bad in (-1.0, float("inf"), float("nan"), True, "30"):
