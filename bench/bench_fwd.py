@@ -172,6 +172,15 @@ class Env:
                                           timeout=10).stdout.strip()
             except Exception:  # noqa: BLE001
                 pass
+            # The kernels measured, whatever git the copy that ran reports: the manifest's
+            # source fingerprint matches the commit that built them (`git log -S` on it, or
+            # the manifest in that commit).
+            try:
+                from fa4_aot.manifest import load_manifest
+                build = load_manifest().data.get("build", {})
+                m["kernels"] = {k: build.get(k) for k in ("source_fingerprint", "ptxas_version")}
+            except Exception:  # noqa: BLE001
+                pass
         if self.fa4 is not None:
             m["flash_attn"] = _dist_version("flash-attn-4", "flash_attn_4", "flash-attn")
         return m
