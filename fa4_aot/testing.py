@@ -46,17 +46,50 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     return out.to(dtype) if not upcast else out, lse
 
 
-def check_close(out, ref, ref_pt, what="out"):
-    """Assert the FA rule; returns the numbers for reporting."""
-    import torch
+def error_and_bound(out, ref, ref_pt):
+    """``(max|out - ref|, max|out_pt - ref|, the FA rule's bound)`` (NaN in ``out`` gives a NaN
+    error, which no bound passes)."""
     out, ref, ref_pt = out.float(), ref.float(), ref_pt.float()
-    if torch.isnan(out).any():
-        raise AssertionError(f"{what}: NaN in output")
     err = (out - ref).abs().max().item()
     err_pt = (ref_pt - ref).abs().max().item()
     err_rt = ((ref + 0.3 - 0.3) - ref).abs().max().item()
-    bound = 2 * err_pt + 2 * err_rt
+    return err, err_pt, 2 * err_pt + 2 * err_rt
+
+
+def check_close(out, ref, ref_pt, what="out"):
+    """Assert the FA rule; returns the numbers for reporting."""
+    import torch
+    if torch.isnan(out).any():
+        raise AssertionError(f"{what}: NaN in output")
+    err, err_pt, bound = error_and_bound(out, ref, ref_pt)
     if not err <= bound:
         raise AssertionError(f"{what}: max|out-ref| = {err:.3e} > bound {bound:.3e} "
                              f"(max|out_pt-ref| = {err_pt:.3e})")
     return err, bound
+
+
+MOVING_MAX_KINDS = ("randn", "x3", "x5", "x10", "rising", "falling", "outlier")
+
+
+def moving_max_inputs(kind, head_dim, seqlen, heads, seed=0, device="cuda"):
+    """bf16 (q, k, v), each (1, seqlen, heads, head_dim), whose row max moves from key block to
+    key block (the kernels visit key blocks last to first): ``randn``; ``xN``: scores x N;
+    ``rising``: keys scaled up toward the first keys (the max keeps rising); ``falling``: toward
+    the last; ``outlier``: key 5 along the mean of the last 200 queries. For the lazy row max
+    (``Tile.lazy_rescale``)."""
+    import torch
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(1, seqlen, heads, head_dim, device=device, generator=g)
+               for _ in range(3))
+    pos = torch.arange(seqlen, device=device).view(1, seqlen, 1, 1) / seqlen
+    if kind.startswith("x"):
+        q = q * int(kind[1:])
+    elif kind == "rising":
+        k = k * (1 + 6 * (1 - pos))
+    elif kind == "falling":
+        k = k * (1 + 6 * pos)
+    elif kind == "outlier":
+        k[:, 5] = 4 * q[:, -200:].mean(1)
+    elif kind != "randn":
+        raise ValueError(f"kind must be one of {MOVING_MAX_KINDS}, got {kind!r}")
+    return tuple(x.bfloat16() for x in (q, k, v))

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import fa4_aot  # noqa: E402
 from conftest import run_in_threads  # noqa: E402
-from fa4_aot.testing import attention_ref, check_close  # noqa: E402
+from fa4_aot.testing import attention_ref, check_close, moving_max_inputs  # noqa: E402
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = pytest.mark.skipif(
@@ -140,21 +140,8 @@ def test_row_max_that_moves(d, causal, kind):
     hd64's lazy row max (``Tile.lazy_rescale``) keeps a stale max up to 2^8 below the true one
     and skips O's rescale; the result must still pass FA's rule, LSE included, on the prefill
     (every scheduler, bitwise equal) and decode kernels."""
-    g = torch.Generator(device="cuda").manual_seed(11)
-    sk, h = 3000, 4
-    pos = torch.arange(sk, device="cuda").view(1, sk, 1, 1) / sk
-    k = torch.randn(1, sk, h, d, device="cuda", generator=g)
-    q = torch.randn(1, sk, h, d, device="cuda", generator=g)
-    if kind == "rising":
-        k = k * (1 + 6 * (1 - pos))
-    elif kind == "falling":
-        k = k * (1 + 6 * pos)
-    elif kind == "outlier":
-        k[:, 5] = 4 * q[:, -200:].mean(1)
-    else:
-        q = 10 * q
-    q, k = q.bfloat16(), k.bfloat16()
-    v = torch.randn(1, sk, h, d, device="cuda", generator=g).bfloat16()
+    sk = 3000
+    q, k, v = moving_max_inputs(kind, d, sk, 4, seed=11)
     for sq in (sk, 16):  # prefill kernels; 16 rows: the decode kernels
         qq = q[:, -sq:].contiguous()
         outs = []

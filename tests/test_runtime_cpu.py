@@ -709,3 +709,29 @@ def test_compact_varlen_bit(monkeypatch, lens, compact):
     assert bool(kl.values["seq_mode"] & 16) is compact
     if compact:  # the compact order takes a causal document's heads together
         assert kl.values["section"] == 4
+
+
+def test_moving_max_inputs_and_error_bound():
+    """The GPU test's and moving_max_accuracy.py's inputs (fa4_aot.testing), and the FA rule's
+    numbers that check_close asserts on."""
+    from fa4_aot.testing import (MOVING_MAX_KINDS, attention_ref, check_close, error_and_bound,
+                                 moving_max_inputs)
+    base = moving_max_inputs("randn", 8, 64, 2, device="cpu")
+    assert all(x.shape == (1, 64, 2, 8) and x.dtype == torch.bfloat16 for x in base)
+    for kind in MOVING_MAX_KINDS:
+        q, k, v = moving_max_inputs(kind, 8, 64, 2, device="cpu")
+        assert torch.equal(v, base[2])
+    q, k, _ = moving_max_inputs("rising", 8, 64, 2, device="cpu")
+    assert k[:, :8].float().norm() > 3 * k[:, -8:].float().norm()
+    q, _, _ = moving_max_inputs("x10", 8, 64, 2, device="cpu")
+    assert torch.allclose(q.float(), (10 * base[0].float()).bfloat16().float(), rtol=1e-2)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        moving_max_inputs("up", 8, 64, 2, device="cpu")
+    q, k, v = base
+    ref, _ = attention_ref(q, k, v)
+    ref_pt, _ = attention_ref(q, k, v, upcast=False)
+    err, err_pt, bound = error_and_bound(ref_pt, ref, ref_pt)
+    assert err == err_pt and err <= bound
+    assert check_close(ref_pt, ref, ref_pt) == (err, bound)
+    with pytest.raises(AssertionError, match="NaN in output"):
+        check_close(torch.full_like(ref, float("nan")), ref, ref_pt)
