@@ -10,7 +10,8 @@
 # the MMA warpgroups hand on by mbarrier (hd128 non-causal 1k, 176-key blocks, ~4 tiles per
 # CTA; hd64's 192-row cases above, three warpgroups, up to ~5 tiles per CTA); a decode call
 # (packed GQA, split-KV + combine); packed documents on the compact tile order (one long
-# document among short ones, causal); and, under memcheck only, bench/bad_inputs.py (malformed
+# document among short ones, causal: the upper half of its m-blocks in sections of two of the
+# four heads, the rest with all four); and, under memcheck only, bench/bad_inputs.py (malformed
 # varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
@@ -31,7 +32,7 @@ cases=(
   "4 16 1024 128 0 steal"
   "1 4 256 128 1 steal 4608"
   "8 32 1 128 1 auto 4096 8"
-  "docs:1024+64*40 4 128 1 steal"
+  "docs:5000+64*40 4 128 1 steal"
 )
 failed=0
 for tool in racecheck synccheck memcheck; do

@@ -16,7 +16,8 @@ Order (longest-processing-time first, L2-aware):
 
 For non-causal attention every tile costs the same and the order only serves L2 reuse.
 Mostly empty varlen grids are walked in a compact order of their own (:func:`compact_tiles`):
-documents in turn, each one's heads in sections (:func:`compact_section`).
+documents in turn, each one's heads in sections (:func:`compact_section`; under a causal mask
+only for the upper half of its m-blocks, the rest with all heads together).
 """
 
 from __future__ import annotations
@@ -57,21 +58,35 @@ def encode_tile(m_block, head, batch, num_m_blocks, num_heads, section):
             + (hb - sec * section))
 
 
-def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int) -> list[int]:
+def heavy_m_blocks(nb, causal: bool):
+    """The m-blocks of a document of ``nb`` that the compact order takes in head sections: all
+    of them, or under a causal mask the upper half (``nb - nb // 2``: rows that see at least
+    half of the document's keys). Ints and DSL Int32."""
+    return nb - nb // 2 if causal else nb
+
+
+def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int,
+                  causal: bool = False) -> list[int]:
     """Varlen launches with ``seq_mode`` bit 16 (python mirror of the sm_90a producer's
     ``compact_to_dense``): compact index ``c`` -> the tile index of :func:`decode_tile`'s
-    order. Only non-empty m-blocks are counted: documents in order; inside a document, its heads
-    in groups of ``section`` (a divisor of ``num_heads`` on such launches,
-    :func:`compact_section`); inside a group, the m-blocks from the last (the longest under a
-    causal mask) to the first, the group's heads together."""
+    order. Only non-empty m-blocks are counted: documents in order; inside a document, first
+    its :func:`heavy_m_blocks` with the heads in groups of ``section`` (a divisor of
+    ``num_heads`` on such launches, :func:`compact_section`), each group's m-blocks from the
+    last (the longest under a causal mask) down, the group's heads together; then (causal) the
+    other m-blocks from the last down, all heads together."""
     assert num_heads % section == 0, (num_heads, section)
     out = []
     for doc, nb in enumerate(doc_m_blocks):
+        heavy = heavy_m_blocks(nb, causal)
         for first in range(0, num_heads, section):
-            for m_rev in range(nb):
+            for m_rev in range(heavy):
                 for head in range(first, first + section):
                     out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
                                            section))
+        for m_rev in range(heavy, nb):
+            for head in range(num_heads):
+                out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
+                                       section))
     return out
 
 
@@ -99,15 +114,14 @@ def choose_section(num_heads: int, batch: int, seqlen_k: int, head_dim: int, ele
 def compact_section(num_heads: int, seqlen_k: int, head_dim: int, elem_bytes: int,
                     qhead_per_kvhead: int = 1, causal: bool = False) -> int:
     """Heads per section of the compact varlen order (:func:`compact_tiles`), a divisor of
-    ``num_heads``. Non-causal: sized as :func:`choose_section` sizes a dense call of one
-    sequence of the longest document's length: hd128 1x16k + 32x512 and the zipf mix +2.6 /
-    +3.3 % against all heads at once. Causal: all heads. Sections there restart at the
-    heaviest m-block of each head section, so the tiles left at the end of a document are
-    heavy ones: -0.3 % on the same mixes, -2 % at hd64 and on 24 x 1k + 8k, although they
-    halve the DRAM reads (1.4 -> 0.8 GB on 1x16k + 32x512; docs/perf-notes.md v21)."""
-    if causal:
-        return num_heads
-    return choose_section(num_heads, 1, seqlen_k, head_dim, elem_bytes, qhead_per_kvhead)
+    ``num_heads``, sized as :func:`choose_section` sizes a dense call of one sequence of the
+    longest document's length. Non-causal (every m-block in sections): hd128 1x16k + 32x512
+    and the zipf mix +2.6 / +3.3 % against all heads at once (docs/perf-notes.md v21). Causal,
+    where only the upper half of each document's m-blocks goes in sections: the same cycles
+    (in-process A/B +-0.5 %), and under sustained load a higher clock at the H200's power cap
+    (less DRAM traffic): 1x16k + 32x512 hd128 -2.9 % time, zipf -1.4 %, hd64 -1.7 % (v23). Sections over all of a causal document's m-blocks had halved its DRAM reads but
+    left heavy tiles to the end of the document (-0.3 to -2 %, v21)."""
+    return choose_section(num_heads, 1, seqlen_k, head_dim, elem_bytes, qhead_per_kvhead, causal)
 
 
 def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,

@@ -231,14 +231,43 @@ def test_compact_tiles_section_the_heads_inside_each_document():
         compact_tiles(nbs, 3, num_m, 2)  # a section must divide the heads
 
 
-def test_compact_section_l2_sized_non_causal_all_heads_causal():
+def test_compact_tiles_causal_heavy_half_in_sections_then_all_heads():
+    """Causal: a document's upper half of m-blocks (rows that see most keys) in head sections,
+    then its lower half with all heads together, each part longest first."""
+    from fa4_aot.schedule import compact_tiles, heavy_m_blocks
+    assert [heavy_m_blocks(nb, True) for nb in (1, 2, 3, 4, 5)] == [1, 1, 2, 2, 3]
+    assert heavy_m_blocks(5, False) == 5
+    nbs, heads, num_m, section = [4, 1], 4, 4, 2
+    got = [decode_tile(i, num_m, heads, section)
+           for i in compact_tiles(nbs, heads, num_m, section, causal=True)]
+    assert got == [(3, 0, 0), (3, 1, 0), (2, 0, 0), (2, 1, 0),
+                   (3, 2, 0), (3, 3, 0), (2, 2, 0), (2, 3, 0),
+                   (1, 0, 0), (1, 1, 0), (1, 2, 0), (1, 3, 0),
+                   (0, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0),
+                   (0, 0, 1), (0, 1, 1), (0, 2, 1), (0, 3, 1)]
+    # every non-empty tile once, whatever the section
+    nbs = [7, 0, 3, 1, 2]
+    for section in (1, 2, 4):
+        got = [decode_tile(i, 7, heads, section)
+               for i in compact_tiles(nbs, heads, 7, section, causal=True)]
+        assert sorted(got) == sorted((m, h, b) for b, nb in enumerate(nbs) for m in range(nb)
+                                     for h in range(heads))
+    # with all heads in one section, the causal order is the plain longest-first walk
+    assert (compact_tiles(nbs, heads, 7, heads, causal=True)
+            == compact_tiles(nbs, heads, 7, heads))
+
+
+def test_compact_section_l2_sized_at_least_two_heads_causal():
     from fa4_aot.schedule import compact_section
     # one head of 16k x hd128 is 8 MB of K/V, the L2 budget: one head a section
     assert compact_section(16, 16384, 128, 2) == 1
     assert compact_section(16, 16384, 64, 2) == 2
     assert compact_section(16, 2048, 128, 2) == 8
     assert compact_section(24, 4096, 128, 2, qhead_per_kvhead=3) == 12
-    assert compact_section(16, 16384, 128, 2, causal=True) == 16
+    # causal: the dense rule's two heads at least (for the upper half of the m-blocks)
+    assert compact_section(16, 16384, 128, 2, causal=True) == 2
+    assert compact_section(16, 2048, 128, 2, causal=True) == 8
+    assert compact_section(3, 16384, 128, 2, causal=True) == 1
 
 
 def test_decode_tiles_keep_96kb_in_flight():

@@ -54,7 +54,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from fa4_aot.abi import FWD_SM90, KV_CHUNK
 from fa4_aot.configs import KernelConfig
-from fa4_aot.schedule import decode_tile, encode_tile
+from fa4_aot.schedule import decode_tile, encode_tile, heavy_m_blocks
 
 from .common import (CHAINS4, SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
                      mask_row, online_softmax_row, seqlen_info, warp_needs_rescale)
@@ -655,9 +655,11 @@ class FlashFwdSm90:
     def compact_to_dense(self, c, total, doc, doc_base, nb, ptrs: Ptrs, shape: Shape, totals):
         """Compact index ``c`` -> (tile index, document, its first compact index, its m-blocks
         ``nb``); the tile index is ``shape.num_tiles`` (stop) when ``c >= total``. The order
-        (schedule.compact_tiles): documents in turn; inside a document its heads in groups of
-        ``shape.section`` (a divisor of num_heads on compact launches), each group's m-blocks
-        from the last to the first, the group's heads together. The walk starts at the cursor
+        (schedule.compact_tiles): documents in turn; inside a document its heavy m-blocks
+        (schedule.heavy_m_blocks: all, or the upper half under a causal mask) with its heads in
+        groups of ``shape.section`` (a divisor of num_heads on compact launches), each group's
+        m-blocks from the last down, the group's heads together; then the other m-blocks from
+        the last down, all heads together. The walk starts at the cursor
         ``doc`` (whose m-blocks ``nb`` the previous call returned): this CTA's indices only
         grow, so over the launch it reads each document's offsets about once."""
         dense = shape.num_tiles
@@ -670,11 +672,20 @@ class FlashFwdSm90:
                 doc = doc + 1
                 nb = self.doc_m_blocks(doc, ptrs, shape, totals)
             r = c - doc_base
-            group = r // (nb * shape.section)
-            r = r - group * (nb * shape.section)
-            m_rev = r // shape.section
-            dense = encode_tile(nb - 1 - m_rev, group * shape.section + r - m_rev * shape.section,
-                                doc, shape.num_m_blocks, shape.num_heads, shape.section)
+            heavy = heavy_m_blocks(nb, self.causal)
+            m_rev, head = Int32(0), Int32(0)
+            if r < heavy * shape.num_heads:
+                group = r // (heavy * shape.section)
+                r = r - group * (heavy * shape.section)
+                m_rev = r // shape.section
+                head = group * shape.section + r - m_rev * shape.section
+            else:
+                r = r - heavy * shape.num_heads
+                m_rev = r // shape.num_heads
+                head = r - m_rev * shape.num_heads
+                m_rev = m_rev + heavy
+            dense = encode_tile(nb - 1 - m_rev, head, doc, shape.num_m_blocks, shape.num_heads,
+                                shape.section)
         return dense, doc, doc_base, nb
 
     @cute.jit

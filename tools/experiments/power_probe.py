@@ -7,6 +7,12 @@ cap the clock each kernel gets is set by its energy per cycle (docs/perf-notes.m
     python tools/experiments/power_probe.py docs 16384+512*32 16 128 causal
     python tools/experiments/power_probe.py 2 16 8192 128 --l2-budgets 32,8   # fa4_aot only,
         # once per L2 section budget in MB (schedule.choose_section), A-B-B-A
+    python tools/experiments/power_probe.py docs 16384+512*32 16 128 causal \
+        --variants "base=artifacts;new=.exp/new"   # fa4_aot only, one artifacts folder each
+        # (ab_artifacts.py's name=folder[:CONST=value] variants, ';'-separated), A-B-B-A
+
+In-process A/Bs (``ab_artifacts.py``) alternate the variants every 20 calls: they measure
+cycles, not the clock each variant would hold alone at the power cap (docs/perf-notes.md v23).
 
 
 Needs an NVIDIA GPU with nvidia-smi; upstream FA4 (flash-attn-4) when importable.
@@ -58,8 +64,14 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--l2-budgets", help="comma list of MB: fa4_aot alone, once per section "
                     "budget (the launch's L2 section, perf-notes v15)")
+    ap.add_argument("--variants", help="';'-separated name=folder[:CONST=value]: fa4_aot "
+                    "alone, once per artifacts folder (tools/experiments/ab_artifacts.py)")
     a = ap.parse_args(argv)
     calls = calls_for(a.shape)  # prefill_ncu_probe's inputs and calls
+    if a.variants:
+        from tools.experiments.ab_artifacts import Variant
+        calls = {v.name: _in_variant(v, calls["fa4_aot"])
+                 for v in (Variant(*x.split("=", 1)) for x in a.variants.split(";"))}
     if a.l2_budgets:
         calls = {f"{mb}MB": _with_section_budget(calls["fa4_aot"], int(mb) << 20)
                  for mb in a.l2_budgets.split(",")}
@@ -67,6 +79,20 @@ def main(argv=None):
     for name in names + names[::-1]:
         us, watts, mhz = sustained(calls[name], a.seconds)
         print(f"{name:8s} {us:9.1f} us/call {watts:7.1f} W {mhz:7.0f} MHz", flush=True)
+
+
+def _in_variant(v, call):
+    """``call`` run with variant ``v``'s kernels and launch values (switched to on the first
+    call after another variant ran)."""
+    def run():
+        if _current[0] is not v:
+            v.enter()
+            _current[0] = v
+        return call()
+    return run
+
+
+_current = [None]
 
 
 def _with_section_budget(call, budget):
