@@ -118,9 +118,10 @@ def compact_section(num_heads: int, seqlen_k: int, head_dim: int, elem_bytes: in
     longest document's length. Non-causal (every m-block in sections): hd128 1x16k + 32x512
     and the zipf mix +2.6 / +3.3 % against all heads at once (docs/perf-notes.md v21). Causal,
     where only the upper half of each document's m-blocks goes in sections: the same cycles
-    (in-process A/B +-0.5 %), and under sustained load a higher clock at the H200's power cap
-    (less DRAM traffic): 1x16k + 32x512 hd128 -2.9 % time, zipf -1.4 %, hd64 -1.7 % (v23). Sections over all of a causal document's m-blocks had halved its DRAM reads but
-    left heavy tiles to the end of the document (-0.3 to -2 %, v21)."""
+    (in-process A/B +-0.5 %), half the DRAM reads (1x16k + 32x512 hd128: 1,340 -> 691 MB), and
+    under sustained load a higher clock at the H200's power cap: 1x16k + 32x512 hd128 -2.9 %
+    time, zipf -1.4 %, hd64 -1.7 % (v23). Sections over all of a causal document's m-blocks
+    had left heavy tiles to the end of the document (-0.3 to -2 %, v21)."""
     return choose_section(num_heads, 1, seqlen_k, head_dim, elem_bytes, qhead_per_kvhead, causal)
 
 

@@ -302,13 +302,16 @@ def test_early_rescale_on_the_long_row_tiles_and_hd64():
 def test_every_hd64_kernel_sums_p_in_four_chains_and_rescales_lazily():
     """hd64 (MUFU-bound softmax): the row sum in four chains, +1 to +7 % (v18), and the lazy
     row max, +1.2 to +1.9 % (v22; hd128 lost with it); on every hd64 tile, so that its decode,
-    128-row and 192-row kernels compute alike."""
+    128-row and 192-row kernels compute alike. hd256: the lazy row max on its prefill tile
+    (and the 128-row decode form, which is that tile), -1.5 % time under sustained load (v23);
+    its 64-row decode tile was not measured with it."""
     from fa4_aot.configs import (DECODE_TILES, DECODE_WIDE_TILES, TILES, TILES_M128,
                                  TILES_WIDE_N)
     tables = [TILES["sm_90a"], TILES_M128["sm_90a"], TILES_WIDE_N["sm_90a"], DECODE_TILES,
               DECODE_WIDE_TILES]
     assert all(t.sum_chains == (hd == 64) for table in tables for hd, t in table.items())
-    assert all(t.lazy_rescale == (hd == 64) for table in tables for hd, t in table.items())
+    assert all(t.lazy_rescale == (hd == 64 or (hd == 256 and table is not DECODE_TILES))
+               for table in tables for hd, t in table.items())
     assert not any(t.lazy_rescale for t in TILES["sm_100a"].values())
 
 

@@ -133,13 +133,13 @@ def test_softmax_scale_and_lse():
 
 @pytest.mark.parametrize("kind", ["rising", "falling", "outlier", "x10"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_row_max_that_moves(d, causal, kind):
     """Scores whose row max moves a lot from key block to key block (the kernels visit the
     blocks last to first): rising toward the first keys, falling, one outlier key, all x10.
-    hd64's lazy row max (``Tile.lazy_rescale``) keeps a stale max up to 2^8 below the true one
-    and skips O's rescale; the result must still pass FA's rule, LSE included, on the prefill
-    (every scheduler, bitwise equal) and decode kernels."""
+    The lazy row max of hd64 and of hd256's prefill tile (``Tile.lazy_rescale``) keeps a stale
+    max up to 2^8 below the true one and skips O's rescale; the result must still pass FA's
+    rule, LSE included, on the prefill (every scheduler, bitwise equal) and decode kernels."""
     sk = 3000
     q, k, v = moving_max_inputs(kind, d, sk, 4, seed=11)
     for sq in (sk, 16):  # prefill kernels; 16 rows: the decode kernels
