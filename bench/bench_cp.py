@@ -9,7 +9,7 @@ on N GPUs against single-GPU fa4_aot on the same total problem.
 Default problem: 1 x 128k tokens, 16 heads, hd128, bf16, causal. Every rank builds the whole
 problem from one seed and takes its zigzag shard (fa4_aot.distributed.shard).
 Time: CUDA events around ``iters`` back-to-back calls / iters, after a barrier, median over
-``repeats`` taken round the providers in turn (order reversed every other round). The CP time
+``repeats`` taken round the providers in turn (``benchlib.round_order``). The CP time
 of a repeat is the slowest rank's; the single-GPU time is the fastest rank's (every rank times
 the whole problem on its own GPU at the same moment), so the scaling efficiency is not
 flattered. TFLOP/s = 4*B*H*D*(visible (q, k) pairs) / t (causal: S(S+1)/2 pairs), for CP the
@@ -288,7 +288,7 @@ def main(argv=None):
 
     times = {p: [] for p in provs}
     for rep in range(a.repeats):
-        order = provs if rep % 2 == 0 else provs[::-1]
+        order = bl.round_order(provs, rep)
         for p in order:
             dist.barrier()
             _sync(dev)

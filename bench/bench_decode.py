@@ -10,7 +10,7 @@ Each row records ``kv_bytes`` (bytes of K and V read once) and, per provider, th
 achieved bandwidth kv_bytes / t (TB/s) and TFLOP/s (4 * H * D * visible pairs / t).
 
 Timing: CUDA events around ``--iters`` back-to-back calls / iters, median over ``--repeats``,
-the repeats taken round the providers in turn (order reversed every other round). Outputs of
+the repeats taken round the providers in turn (bench/benchlib.py's round_order). Outputs of
 every provider are checked against fa4_aot's (relative max difference, ``!`` when > 2e-2).
 ``--json`` merges the ``decode`` / ``paged`` groups into the file (other groups are kept).
 
@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.benchlib import round_order  # noqa: E402
 
 CASES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (b, sq, sk, 32, hk)
@@ -196,7 +197,7 @@ def run_paged(a):
 def measure(fns, repeats, iters):
     """{provider: callable} -> {provider: {"times", "max_diff", "note"}}: every provider's
     output checked against the first one's (relative max difference), two warm-ups, then the
-    repeats taken round the providers in turn (order reversed every other round). A provider
+    repeats taken round the providers in turn (``round_order``). A provider
     that raises is recorded with its error and not timed."""
     import torch
     res, ok, ref = {}, {}, None
@@ -214,7 +215,7 @@ def measure(fns, repeats, iters):
             res[p] = {"times": [], "note": f"{type(e).__name__}: {str(e)[:120]}"}
     order = list(ok)
     for r in range(repeats):
-        for p in (order if r % 2 == 0 else order[::-1]):
+        for p in round_order(order, r):
             res[p]["times"].append(time_calls(ok[p], iters))
     return res
 

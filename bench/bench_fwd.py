@@ -15,9 +15,12 @@ heads x 8192 x 128, causal and not). 16 heads wherever the anchor table does not
 
 TFLOP/s = 4*B*H*Sq*Sk*D / t, causal / window / varlen counting only the unmasked (q, k) pairs,
 computed exactly per document. Time: median over --repeats of (CUDA events around --iters
-back-to-back calls) / iters after warm-up, the repeats taken round the providers in turn (order
-reversed every other round, so that clock/power drift is shared), rotating over up to 4 input
-sets (so that the inputs are not all resident in L2). Every cell is the same call a user makes
+back-to-back calls) / iters after warm-up, the repeats taken round the providers in turn, in the
+orders of a Williams design (benchlib.round_order: over 2n rounds for n providers, n when n is
+even, each provider runs in every position and right after every other provider equally often,
+so that clock/power drift and the previous provider's load fall on all alike; --repeats 6
+balances three providers), rotating over up to 4 input sets (so that the inputs are not all
+resident in L2). Every cell is the same call a user makes
 (host work included).
 
 Peers: cuDNN = SDPA under sdpa_kernel(CUDNN_ATTENTION); flash = SDPA under
@@ -390,8 +393,9 @@ def build(env, prov, case, inp, varlen_peer):
 
 def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_peer, dtype):
     """Every provider is built, checked and warmed up first; then the repeats go round the
-    providers in turn (the order reversed every other round), so that clock and power drift
-    while the case runs falls on all providers alike, not on the order they ran in."""
+    providers in turn (:func:`benchlib.round_order`), so that clock and power drift while the
+    case runs, and the load each provider follows, fall on all providers alike, not on the
+    order they ran in."""
     torch = env.torch
     row = bl.Row(case)
     inp = Inputs(case, dtype)
@@ -422,7 +426,7 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
         except Exception as e:  # noqa: BLE001 - a provider may reject a shape; keep going
             failed(prov, res, e)
     for r in range(repeats):
-        for prov in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+        for prov in bl.round_order(fns, r):
             try:
                 with provider_context(prov):
                     samples[prov].append(time_once(fns[prov], iters))
@@ -580,7 +584,7 @@ def run_host_case(env: Env, case: bl.Case, providers, calls, repeats, dtype):
             print(f"  {prov} failed on {case.label}: {type(e).__name__}: {msg}", file=sys.stderr)
             res.note, res.error = f"error: {type(e).__name__}", f"{type(e).__name__}: {msg}"
     for r in range(repeats):
-        for prov in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+        for prov in bl.round_order(fns, r):
             with provider_context(prov):
                 samples[prov].append(host_time(fns[prov], calls))
     for prov, ss in samples.items():

@@ -30,7 +30,41 @@ FORMULA = ("TFLOP/s = 4*B*H*Sq*Sk*D / t; causal / window / varlen count only the
            "pairs, exactly, per document (bottom-right aligned, FA convention)")
 TIMING = ("median over repeats of (CUDA events around N back-to-back calls) / N, after warm-up, "
           "rotating over up to 4 input sets so that inputs are not all L2-resident; the repeats "
-          "go round the providers in turn (order reversed every other round)")
+          "go round the providers in turn, in the orders of a Williams design (see round_order)")
+
+
+def round_order(providers, r):
+    """The order in which round ``r`` of a benchmark times its providers: row ``r`` (cyclically)
+    of a Williams design. Over one cycle (2n rows for n providers, n when n is even) every
+    provider takes every position equally often and runs right after every other provider
+    equally often, so neither the position nor the provider that ran before favours anyone.
+    Near the GPU's power cap that matters: a kernel's clock depends on the load of the last
+    tens of milliseconds, and with three providers in the old order (reversed every other
+    round) the middle one followed the low-power cuDNN turn in every other round and gained
+    up to 10 % on packed documents (docs/perf-notes.md v24). Two providers: A B, B A, as before.
+    """
+    providers = list(providers)
+    n = len(providers)
+    if n < 2:
+        return providers
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        if len(first) % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [providers[i] for i in rows[r % len(rows)]]
+
+
+def balanced_repeats(n_providers: int) -> int:
+    """Rounds in one cycle of :func:`round_order` (a --repeats that is a multiple of this is
+    balanced)."""
+    return 1 if n_providers < 2 else (n_providers if n_providers % 2 == 0 else 2 * n_providers)
 
 # ---------------------------------------------------------------------------------------- cases
 # The anchor table of shared/design.md: (B, H, S, D), each non-causal and causal.
@@ -62,7 +96,7 @@ HOST_PROVIDERS = ("fa4_aot", "fa4_aot_op", "fa4", "cudnn", "sdpa")
 HOST_NAMES = {"fa4_aot": "fa4_aot", "fa4_aot_op": "fa4_aot op", "fa4": "FA4", "cudnn": "cuDNN",
               "sdpa": "sdpa"}
 HOST_TIMING = ("host clock around N back-to-back calls of the same call + one synchronize, / N "
-               "(us_per_call); median over repeats taken round the providers in turn; "
+               "(us_per_call); median over repeats taken round the providers in turn (round_order); "
                "enqueue_us: the same clock stopped before the synchronize")
 
 

@@ -396,3 +396,22 @@ def test_cold_start_table():
     assert cold_start.parse_shape("1,1,128,64") == (1, 1, 128, 64, False)
     assert cold_start.shape_label((2, 16, 1024, 128, True)) == "2x16x1024x128 causal"
     assert math.isclose(cold_start.to_units(run)["small_roundtrip_us"], 30.0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_round_order_is_a_williams_design(n):
+    """Over one cycle every provider takes every position, and runs right after every other
+    provider, equally often (two providers: A B, B A, the order of the earlier benches)."""
+    provs = [f"p{i}" for i in range(n)]
+    cycle = bl.balanced_repeats(n)
+    rows = [bl.round_order(provs, r) for r in range(cycle)]
+    assert all(sorted(row) == provs for row in rows)
+    assert rows == [bl.round_order(provs, r + cycle) for r in range(cycle)]
+    for pos in range(n):
+        assert sorted(row[pos] for row in rows) == sorted(provs * (cycle // n))
+    pairs = [(row[i], row[i + 1]) for row in rows for i in range(n - 1)]
+    if n > 1:
+        per_pair = len(pairs) // (n * (n - 1))
+        assert all(pairs.count((a, b)) == per_pair for a in provs for b in provs if a != b)
+    if n == 2:
+        assert rows == [["p0", "p1"], ["p1", "p0"]]
