@@ -532,6 +532,10 @@ def derive_launches(c: Call) -> CallPlan:
                          f"{rec['arch']} kernels")
     tile_m, tile_n = launch["tile"]["m"], launch["tile"]["n"]
     sms = num_sms(c.device)
+    # Varlen prefill whose (document x m-block) grid is mostly empty (one long document among
+    # short ones): the kernel counts only the non-empty tiles (seq_mode bit 16). At most
+    # ceil(q_rows / tile_m) + batch m-blocks per head hold rows.
+    compact = False
     if decode:
         num_m_blocks = -(-sq * g // tile_m)
         tiles = num_m_blocks * hk * b
@@ -541,16 +545,11 @@ def derive_launches(c: Call) -> CallPlan:
         num_m_blocks = -(-sq // tile_m)
         tiles = num_m_blocks * h * b
         splits = 1
-        section = _section(h, b, sk, d, c.elem_bytes, g, c.causal)
+        compact = c.varlen and b * num_m_blocks >= 2 * (-(-q_rows // tile_m) + b)
+        # Compact: the head sections inside each document (a divisor of h)
+        section = (compact_section(h, sk, d, c.elem_bytes, g, c.causal) if compact
+                   else _section(h, b, sk, d, c.elem_bytes, g, c.causal))
     num_tiles = tiles * splits
-    # Varlen prefill whose (document x m-block) grid is mostly empty (one long document among
-    # short ones): the kernel counts only the non-empty tiles (seq_mode bit 16). At most
-    # ceil(q_rows / tile_m) + batch m-blocks per head hold rows.
-    compact = (c.varlen and not decode
-               and b * num_m_blocks >= 2 * (-(-q_rows // tile_m) + b))
-    if compact:
-        # The compact order's head sections, inside each document (a divisor of h)
-        section = compact_section(h, sk, d, c.elem_bytes, g, c.causal)
     if num_tiles == 0:
         return CallPlan(out_shape, lse_shape, _NOTHING, ())
     o_stride = c.out[1]

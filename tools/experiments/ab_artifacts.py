@@ -1,5 +1,8 @@
 """In-process A/B of artifact folders: variants taken in turn every round in one process, so
-clock and thermal drift hit them alike (separate processes moved ±5 % between runs).
+clock and thermal drift hit them alike (separate processes moved ±5 % between runs), in the
+orders of bench/benchlib.py's round_order (each variant in every position and after every other
+equally often; with three variants or more the earlier order, reversed every other round,
+favoured the middle one: docs/perf-notes.md v24).
 
     python tools/experiments/ab_artifacts.py base=artifacts vl=.exp/h128 \\
         --shapes '2,16,8192,128;2,16,8192,128,c;docs:16384+512*32,16,128,c' --rounds 9
@@ -34,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import fa4_aot  # noqa: E402
 from fa4_aot import interface, manifest, runtime, schedule  # noqa: E402
-from bench.benchlib import doc_lens, visible_pairs  # noqa: E402
+from bench.benchlib import doc_lens, round_order, visible_pairs  # noqa: E402
 from bench.bench_decode import paged_inputs  # noqa: E402
 
 
@@ -44,6 +47,7 @@ class Variant:
     ``wide=artifacts:LONG_KV_KEYS=0``: the same kernels, another launch rule)."""
 
     defaults: dict = {}
+    active = None  # the variant entered last
 
     def __init__(self, name: str, spec: str):
         root, _, consts = spec.partition(":")
@@ -63,6 +67,7 @@ class Variant:
         for k, v in Variant.defaults.items():
             setattr(schedule, k, self.consts.get(k, v))
         interface.clear_memo()
+        Variant.active = self
 
 
 def main(argv=None):
@@ -120,8 +125,7 @@ def main(argv=None):
                 label = f"{b}x{h}x{s}x{d} w({left},0)"
         ref, times = None, {v.name: [] for v in variants}
         for r in range(a.rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
-            for v in order:
+            for v in round_order(variants, r):
                 v.enter()
                 with torch.no_grad():
                     out = fa4_aot.attention(*sets[0], causal=causal, **kw)

@@ -85,14 +85,10 @@ def _in_variant(v, call):
     """``call`` run with variant ``v``'s kernels and launch values (switched to on the first
     call after another variant ran)."""
     def run():
-        if _current[0] is not v:
+        if type(v).active is not v:
             v.enter()
-            _current[0] = v
         return call()
     return run
-
-
-_current = [None]
 
 
 def _with_section_budget(call, budget):
