@@ -20,8 +20,7 @@ orders of a Williams design (benchlib.round_order: over 2n rounds for n provider
 even, each provider runs in every position and right after every other provider equally often,
 so that clock/power drift and the previous provider's load fall on all alike; --repeats 6
 balances three providers), rotating over up to 4 input sets (so that the inputs are not all
-resident in L2). Every cell is the same call a user makes
-(host work included).
+resident in L2). Every cell is the same call a user makes (host work included).
 
 Peers: cuDNN = SDPA under sdpa_kernel(CUDNN_ATTENTION); flash = SDPA under
 sdpa_kernel(FLASH_ATTENTION) (the context is entered once around the timed loop, not per call);

@@ -38,10 +38,11 @@ def round_order(providers, r):
     of a Williams design. Over one cycle (2n rows for n providers, n when n is even) every
     provider takes every position equally often and runs right after every other provider
     equally often, so neither the position nor the provider that ran before favours anyone.
-    Near the GPU's power cap that matters: a kernel's clock depends on the load of the last
-    tens of milliseconds, and with three providers in the old order (reversed every other
-    round) the middle one followed the low-power cuDNN turn in every other round and gained
-    up to 10 % on packed documents (docs/perf-notes.md v24). Two providers: A B, B A, as before.
+    Near the GPU's power cap that matters: a kernel's clock depends on the load that ran
+    before it (100 ms of its own calls first did not undo that), and with three providers in
+    the old order (reversed every other round) the middle one followed the low-power cuDNN
+    turn in every other round and gained up to 10 % on packed documents (docs/perf-notes.md
+    v24). Two providers: A B, B A, as before.
     """
     providers = list(providers)
     n = len(providers)
