@@ -8,8 +8,8 @@ B: K/V laid out head-major (a (B, H, S, D) tensor seen through a transpose, so e
    contiguous memory) against the usual (B, S, H, D), MHA and GQA 32/8: DRAM page locality?
 C: forced ``num_splits`` 1-6 and 8 on eight shapes of 256-2,048 tiles (fa4_aot only).
 
-µs per call: CUDA events around 10 calls, median of 5 rounds taken round the providers (order
-reversed every other round). Needs an sm_90 GPU.
+µs per call: CUDA events around 10 calls, median of 5 rounds taken round the providers
+(bench_decode's measure, in benchlib's round_order). Needs an sm_90 GPU.
 """
 
 import statistics

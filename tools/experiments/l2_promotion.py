@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import round_order  # noqa: E402
 
 
 def cases():
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     res = {s: {c: [] for c in fns} for s in settings}
     ref = {}
     for rnd in range(a.rounds):
-        for s in (settings if rnd % 2 == 0 else settings[::-1]):
+        for s in round_order(settings, rnd):
             use(s)
             for c, f in fns.items():
                 o = f()
