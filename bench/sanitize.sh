@@ -11,8 +11,9 @@
 # CTA; hd64's 192-row cases above, three warpgroups, up to ~5 tiles per CTA); a decode call
 # (packed GQA, split-KV + combine); packed documents on the compact tile order (one long
 # document among short ones, causal: the upper half of its m-blocks in sections of two of the
-# four heads, the rest with all four); and, under memcheck only, bench/bad_inputs.py (malformed
-# varlen offsets and paged-KV tables).
+# four heads, the rest with all four; and with 128 heads, whose lower half goes in sections of
+# eight too: schedule.light_tiles_limit); and, under memcheck only, bench/bad_inputs.py
+# (malformed varlen offsets and paged-KV tables).
 # Exit status 1 when any run fails (non-zero status) or compute-sanitizer reports an error or a
 # hazard; every log stays in outdir.
 set -u
@@ -33,6 +34,7 @@ cases=(
   "1 4 256 128 1 steal 4608"
   "8 32 1 128 1 auto 4096 8"
   "docs:5000+64*40 4 128 1 steal"
+  "docs:1600+64*8 128 128 1 steal"
 )
 failed=0
 for tool in racecheck synccheck memcheck; do

@@ -17,7 +17,8 @@ Order (longest-processing-time first, L2-aware):
 For non-causal attention every tile costs the same and the order only serves L2 reuse.
 Mostly empty varlen grids are walked in a compact order of their own (:func:`compact_tiles`):
 documents in turn, each one's heads in sections (:func:`compact_section`; under a causal mask
-only for the upper half of its m-blocks, the rest with all heads together).
+the upper half of its m-blocks first, then the lower half, in sections too where that half's
+K/V over all heads would not stay in L2, else with all heads together).
 """
 
 from __future__ import annotations
@@ -59,34 +60,54 @@ def encode_tile(m_block, head, batch, num_m_blocks, num_heads, section):
 
 
 def heavy_m_blocks(nb, causal: bool):
-    """The m-blocks of a document of ``nb`` that the compact order takes in head sections: all
-    of them, or under a causal mask the upper half (``nb - nb // 2``: rows that see at least
-    half of the document's keys). Ints and DSL Int32."""
+    """The m-blocks of a document of ``nb`` that the compact order takes first, in head
+    sections: all of them, or under a causal mask the upper half (``nb - nb // 2``: rows that
+    see at least half of the document's keys). Ints and DSL Int32."""
     return nb - nb // 2 if causal else nb
 
 
+# The lower half of a causal document's m-blocks goes with all heads together (its light tiles
+# last, v23) unless the K/V those tiles read over all heads exceeds this: then in head sections
+# too, after the upper half's. hd128, 16 heads (ncu, docs/perf-notes.md v25): 1 x 16k + 32 x
+# 512 (64 MB) DRAM reads 691 -> 479 MB (FA4: 446), the zipf mix (its 12k document: 48 MB)
+# 656 -> 551 MB; the same cycles, -0.2 to -0.6 % time under sustained load. hd64's 16k (32 MB)
+# read 242 -> 236 MB and measured -1.2 % in-process: it keeps the all-heads walk, as 8 x 4k
+# does (16 MB; a tail of lighter tiles).
+LIGHT_ALL_HEADS_BYTES = 40 * 1024 * 1024
+
+
+def light_tiles_limit(tile_m: int, head_dim: int, elem_bytes: int) -> int:
+    """Light tiles (lower-half m-blocks x heads) of a causal document above which the compact
+    order takes them in head sections: :data:`LIGHT_ALL_HEADS_BYTES` of K/V (a tile's rows see
+    at most ``tile_m`` keys more than the previous m-block's; counted per query head, so GQA
+    calls are sectioned a little early). A compile-time constant of each kernel."""
+    return LIGHT_ALL_HEADS_BYTES // (tile_m * 2 * head_dim * elem_bytes)
+
+
 def compact_tiles(doc_m_blocks, num_heads: int, num_m_blocks: int, section: int,
-                  causal: bool = False) -> list[int]:
+                  causal: bool = False, light_limit: int | None = None) -> list[int]:
     """Varlen launches with ``seq_mode`` bit 16 (python mirror of the sm_90a producer's
     ``compact_to_dense``): compact index ``c`` -> the tile index of :func:`decode_tile`'s
     order. Only non-empty m-blocks are counted: documents in order; inside a document, first
     its :func:`heavy_m_blocks` with the heads in groups of ``section`` (a divisor of
     ``num_heads`` on such launches, :func:`compact_section`), each group's m-blocks from the
     last (the longest under a causal mask) down, the group's heads together; then (causal) the
-    other m-blocks from the last down, all heads together."""
+    other m-blocks the same way, in groups of ``section`` where there are more than
+    ``light_limit`` such tiles (:func:`light_tiles_limit`; ``None``: never), else all heads in
+    one group."""
     assert num_heads % section == 0, (num_heads, section)
     out = []
     for doc, nb in enumerate(doc_m_blocks):
         heavy = heavy_m_blocks(nb, causal)
-        for first in range(0, num_heads, section):
-            for m_rev in range(heavy):
-                for head in range(first, first + section):
-                    out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
-                                           section))
-        for m_rev in range(heavy, nb):
-            for head in range(num_heads):
-                out.append(encode_tile(nb - 1 - m_rev, head, doc, num_m_blocks, num_heads,
-                                       section))
+        light = nb - heavy
+        light_sec = (section if light_limit is not None and light * num_heads > light_limit
+                     else num_heads)
+        for m_base, span, sec in ((0, heavy, section), (heavy, light, light_sec)):
+            for first in range(0, num_heads, sec):
+                for m_rev in range(span):
+                    for head in range(first, first + sec):
+                        out.append(encode_tile(nb - 1 - m_base - m_rev, head, doc, num_m_blocks,
+                                               num_heads, section))
     return out
 
 

@@ -257,6 +257,37 @@ def test_compact_tiles_causal_heavy_half_in_sections_then_all_heads():
             == compact_tiles(nbs, heads, 7, heads))
 
 
+def test_compact_tiles_causal_light_half_in_sections_when_its_kv_is_large():
+    """Causal: where the lower half's tiles over all heads exceed ``light_limit`` (their K/V
+    would not stay in L2), that half goes in head sections too, after the upper half's."""
+    from fa4_aot.schedule import compact_tiles, light_tiles_limit
+    # 40 MB of K/V: 640 tiles of 128 rows at hd128 (16 heads: 1 x 16k 64 x 16 = 1024 and 12k
+    # 768 in sections, 8k 512 not), 853 of 192 rows at hd64 (1 x 16k: 43 x 16 = 688, not)
+    assert light_tiles_limit(128, 128, 2) == 640
+    assert light_tiles_limit(192, 64, 2) == 853
+    nbs, heads, num_m, section = [4, 1], 4, 4, 2
+    got = [decode_tile(i, num_m, heads, section)
+           for i in compact_tiles(nbs, heads, num_m, section, causal=True, light_limit=7)]
+    assert got == [(3, 0, 0), (3, 1, 0), (2, 0, 0), (2, 1, 0),
+                   (3, 2, 0), (3, 3, 0), (2, 2, 0), (2, 3, 0),
+                   (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0),
+                   (1, 2, 0), (1, 3, 0), (0, 2, 0), (0, 3, 0),
+                   (0, 0, 1), (0, 1, 1), (0, 2, 1), (0, 3, 1)]
+    # at the limit (2 light m-blocks x 4 heads = 8): all heads together, as without a limit
+    assert (compact_tiles(nbs, heads, num_m, section, causal=True, light_limit=8)
+            == compact_tiles(nbs, heads, num_m, section, causal=True))
+    # every non-empty tile once, whatever the section and the limit; non-causal ignores it
+    nbs = [7, 0, 3, 1, 2, 9]
+    for section in (1, 2, 4):
+        for limit in (0, 3, 100):
+            got = [decode_tile(i, 9, heads, section) for i in
+                   compact_tiles(nbs, heads, 9, section, causal=True, light_limit=limit)]
+            assert sorted(got) == sorted((m, h, b) for b, nb in enumerate(nbs)
+                                         for m in range(nb) for h in range(heads))
+        assert (compact_tiles(nbs, heads, 9, section, light_limit=0)
+                == compact_tiles(nbs, heads, 9, section))
+
+
 def test_compact_section_l2_sized_at_least_two_heads_causal():
     from fa4_aot.schedule import compact_section
     # one head of 16k x hd128 is 8 MB of K/V, the L2 budget: one head a section

@@ -311,9 +311,11 @@ def test_compact_varlen_tiles_bitwise_across_schedulers(causal):
     16): one long document among many short ones, in both orders; every scheduler gives the
     same bits. 9000 tokens of hd128 are 4.6 MB of K/V a head: the order takes that
     document's heads in sections (schedule.compact_section): one head at a time non-causal,
-    two causal (the upper half of its m-blocks; the rest with all four heads)."""
+    two causal (the upper half of its m-blocks; the rest with all four heads). 11000 tokens of
+    16 heads, causal (the 176-key kernel): the lower half too (688 light tiles, over
+    schedule.light_tiles_limit)."""
     for lens, heads in (([4000] + [50] * 70, 4), ([50] * 70 + [4000], 4),
-                        ([9000] + [50] * 40, 4)):
+                        ([9000] + [50] * 40, 4), ([11000] + [50] * 40, 16)):
         cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
                           device="cuda")
         q = torch.randn(sum(lens), heads, 128, device="cuda", dtype=torch.bfloat16)

@@ -54,7 +54,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from fa4_aot.abi import FWD_SM90, KV_CHUNK
 from fa4_aot.configs import KernelConfig
-from fa4_aot.schedule import decode_tile, encode_tile, heavy_m_blocks
+from fa4_aot.schedule import (decode_tile, encode_tile, heavy_m_blocks,
+                               light_tiles_limit)
 
 from .common import (CHAINS4, SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
                      mask_row, online_softmax_row, seqlen_info, warp_needs_rescale)
@@ -232,6 +233,9 @@ class FlashFwdSm90:
         self.kv_stages = cfg.tile.kv_stages
         self.q_stages = 1 if cfg.decode else cfg.tile.q_stages
         self.causal = cfg.causal
+        # Compact varlen order: light tiles of a causal document above which they go in head
+        # sections (schedule.light_tiles_limit).
+        self.light_limit = light_tiles_limit(self.tile_m, self.hd, self.dtype.width // 8)
         self.local = cfg.local
         self.sched = cfg.scheduler
         self.trace = cfg.trace
@@ -658,8 +662,9 @@ class FlashFwdSm90:
         (schedule.compact_tiles): documents in turn; inside a document its heavy m-blocks
         (schedule.heavy_m_blocks: all, or the upper half under a causal mask) with its heads in
         groups of ``shape.section`` (a divisor of num_heads on compact launches), each group's
-        m-blocks from the last down, the group's heads together; then the other m-blocks from
-        the last down, all heads together. The walk starts at the cursor
+        m-blocks from the last down, the group's heads together; then the other m-blocks the
+        same way, in groups of ``shape.section`` if there are more than ``light_limit`` such
+        tiles (schedule.light_tiles_limit), else all heads in one. The walk starts at the cursor
         ``doc`` (whose m-blocks ``nb`` the previous call returned): this CTA's indices only
         grow, so over the launch it reads each document's offsets about once."""
         dense = shape.num_tiles
@@ -673,19 +678,21 @@ class FlashFwdSm90:
                 nb = self.doc_m_blocks(doc, ptrs, shape, totals)
             r = c - doc_base
             heavy = heavy_m_blocks(nb, self.causal)
-            m_rev, head = Int32(0), Int32(0)
-            if r < heavy * shape.num_heads:
-                group = r // (heavy * shape.section)
-                r = r - group * (heavy * shape.section)
-                m_rev = r // shape.section
-                head = group * shape.section + r - m_rev * shape.section
-            else:
+            # The part of the document r falls in: its first m-block (from the last), its
+            # m-blocks, the heads of a group.
+            m_base, span, sec = Int32(0), heavy, shape.section
+            if r >= heavy * shape.num_heads:
                 r = r - heavy * shape.num_heads
-                m_rev = r // shape.num_heads
-                head = r - m_rev * shape.num_heads
-                m_rev = m_rev + heavy
-            dense = encode_tile(nb - 1 - m_rev, head, doc, shape.num_m_blocks, shape.num_heads,
-                                shape.section)
+                m_base = heavy
+                span = nb - heavy
+                if span * shape.num_heads <= self.light_limit:
+                    sec = shape.num_heads
+            group = r // (span * sec)
+            r = r - group * (span * sec)
+            m_rev = r // sec
+            head = group * sec + r - m_rev * sec
+            dense = encode_tile(nb - 1 - m_base - m_rev, head, doc, shape.num_m_blocks,
+                                shape.num_heads, shape.section)
         return dense, doc, doc_base, nb
 
     @cute.jit
