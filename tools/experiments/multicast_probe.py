@@ -1,0 +1,110 @@
+"""K/V multicast over a cluster of two CTAs against the shipped kernel, same order, same
+inputs: outputs bitwise, in-process time, and sustained µs / W / MHz / J per call
+(docs/perf-notes.md v26). Dense non-causal only: the experiment kernel has both CTAs of a
+cluster walk the same key blocks, which holds when the two tiles are adjacent m-blocks of one
+head (``single`` scheduler, one head per section, an even number of m-blocks).
+
+Build the experiment kernel (a git worktree, the patch, one kernel):
+
+    git worktree add /tmp/mc HEAD
+    git -C /tmp/mc apply $PWD/tools/experiments/patches/kv_multicast_pair.diff
+    (cd /tmp/mc && $OLDPWD/.venv/bin/python build_tools/build.py \\
+        --only 'fwd_sm_90a_bf16_hd128_full_single_m128n176s2$' --out $OLDPWD/.exp/mc --jobs 1)
+
+then on an sm_90 GPU (this script sets the folder's launch cluster to (2, 1, 1)):
+
+    python tools/experiments/multicast_probe.py .exp/mc 2 16 8192 128 [--ncu] [--seconds 3]
+
+The patch: K is loaded by cluster rank 0 and V by rank 1, each ``multicast::cluster`` to both
+CTAs; the K/V pipelines' empty barriers count the consumer warps of both CTAs
+(``PipelineTmaAsync`` with a (1, 2, 1, 1) cluster layout); a cluster barrier after the
+mbarrier inits; the producer waits for every stage's release (both CTAs) before it exits.
+``--ncu``: one warm call of each, for ``ncu --profile-from-start off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", help="artifacts folder of the multicast kernel")
+    ap.add_argument("shape", nargs=4, type=int, help="B H S D")
+    ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=8)
+    a = ap.parse_args(argv)
+
+    man = Path(a.folder) / "manifest.json"
+    m = json.loads(man.read_text())
+    if any(r["launch"]["cluster"] != [2, 1, 1] for r in m["kernels"].values()):
+        for r in m["kernels"].values():
+            r["launch"]["cluster"] = [2, 1, 1]
+        man.write_text(json.dumps(m, indent=1))
+
+    import torch
+    import fa4_aot
+    from fa4_aot import interface
+    from tools.experiments.ab_artifacts import Variant
+    from tools.experiments.power_probe import sustained
+
+    interface._section = lambda *args, **kw: 1  # adjacent m-blocks of one head side by side
+    b, h, s, d = a.shape
+    torch.manual_seed(0)
+    sets = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(3)) for _ in range(2)]
+    variants = [Variant("base", str(ROOT / "artifacts")), Variant("mc", a.folder)]
+    flops = 4 * b * h * s * s * d
+
+    def call(v, i=0):
+        def f():
+            if Variant.active is not v:
+                v.enter()
+            return fa4_aot.attention(*sets[i % 2], scheduler="single")
+        return f
+
+    outs = [call(v)().clone() for v in variants]
+    torch.cuda.synchronize()
+    print(f"bitwise equal: {torch.equal(*outs)}", flush=True)
+    if a.ncu:
+        for v in variants:
+            f = call(v)
+            for _ in range(3):
+                f()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            f()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        return
+    times = {v.name: [] for v in variants}
+    for r in range(a.rounds):
+        for v in (variants if r % 2 == 0 else variants[::-1]):
+            call(v)()
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for i in range(20):
+                call(v, i)()
+            end.record()
+            torch.cuda.synchronize()
+            times[v.name].append(start.elapsed_time(end) / 20)
+    base = statistics.median(times["base"])
+    for name, t in times.items():
+        print(f"{b}x{h}x{s}x{d} {name:5s} {flops / statistics.median(t) / 1e9:7.1f} TFLOP/s "
+              f"({base / statistics.median(t):.3f})", flush=True)
+    for v in variants + variants[::-1]:
+        us, watts, mhz = sustained(call(v), a.seconds)
+        print(f"{v.name:5s} {us:9.1f} us/call {watts:7.1f} W {mhz:7.0f} MHz "
+              f"{us * watts / 1e6:.4f} J/call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
