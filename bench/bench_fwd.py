@@ -623,6 +623,9 @@ def run_host(a, cases, dtype):
     meta = env.meta()
     meta.update(host_calls=a.host_calls, repeats=a.repeats, dtype=a.dtype,
                 timing=bl.HOST_TIMING)
+    note = bl.balance_note(len(providers), a.repeats)
+    if note:
+        env.notes.append(note)
     for n in env.notes:
         print(f"note: {n}", flush=True)
     rows = []
@@ -749,6 +752,9 @@ def main(argv=None):
         providers.remove("fa4")
     meta = env.meta()
     meta.update(iters=a.iters, repeats=a.repeats, dtype=a.dtype, varlen_peer=a.varlen_peer)
+    note = bl.balance_note(len(providers), a.repeats)
+    if note:
+        env.notes.append(note)
     for n in env.notes:
         print(f"note: {n}", flush=True)
     rows = []

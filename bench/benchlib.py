@@ -67,6 +67,16 @@ def balanced_repeats(n_providers: int) -> int:
     balanced)."""
     return 1 if n_providers < 2 else (n_providers if n_providers % 2 == 0 else 2 * n_providers)
 
+
+def balance_note(n_providers: int, repeats: int) -> str | None:
+    """A note for the run's metadata when ``repeats`` rounds do not make whole cycles of
+    :func:`round_order` (some provider then runs after another, or in a position, more often)."""
+    cycle = balanced_repeats(n_providers)
+    if repeats % cycle == 0:
+        return None
+    return (f"--repeats {repeats} is not a multiple of {cycle}: the provider orders are not "
+            f"balanced over the run (benchlib.round_order)")
+
 # ---------------------------------------------------------------------------------------- cases
 # The anchor table of shared/design.md: (B, H, S, D), each non-causal and causal.
 ANCHORS = [(2, 16, 8192, 128), (2, 32, 8192, 64), (4, 16, 4096, 128), (8, 16, 2048, 128),

@@ -415,3 +415,6 @@ def test_round_order_is_a_williams_design(n):
         assert all(pairs.count((a, b)) == per_pair for a in provs for b in provs if a != b)
     if n == 2:
         assert rows == [["p0", "p1"], ["p1", "p0"]]
+    assert bl.balance_note(n, cycle) is None and bl.balance_note(n, 3 * cycle) is None
+    if cycle > 1:
+        assert f"not a multiple of {cycle}" in bl.balance_note(n, cycle + 1)
