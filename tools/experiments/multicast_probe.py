@@ -1,19 +1,22 @@
 """K/V multicast over a cluster of two CTAs against the shipped kernel, same order, same
 inputs: outputs bitwise, in-process time, and sustained µs / W / MHz / J per call
-(docs/perf-notes.md v26). Dense non-causal only: the experiment kernel has both CTAs of a
-cluster walk the same key blocks, which holds when the two tiles are adjacent m-blocks of one
-head (``single`` scheduler, one head per section, an even number of m-blocks).
+(docs/perf-notes.md v26). Dense calls only: the two CTAs of a cluster must hold adjacent
+m-blocks of one head (``single`` scheduler, one head per section, an even number of m-blocks).
+Causal (``--causal``), rank 1 holds the lower m-block and loads the union of the two key
+ranges; it passes on (waits for and releases) the one block only its peer needs.
 
-Build the experiment kernel (a git worktree, the patch, one kernel):
+Build the experiment kernels (a git worktree, the patch, two kernels):
 
     git worktree add /tmp/mc HEAD
     git -C /tmp/mc apply $PWD/tools/experiments/patches/kv_multicast_pair.diff
     (cd /tmp/mc && $OLDPWD/.venv/bin/python build_tools/build.py \\
-        --only 'fwd_sm_90a_bf16_hd128_full_single_m128n176s2$' --out $OLDPWD/.exp/mc --jobs 1)
+        --only 'fwd_sm_90a_bf16_hd128_(full|causal)_single_m128n176s2$' --out $OLDPWD/.exp/mc)
 
-then on an sm_90 GPU (this script sets the folder's launch cluster to (2, 1, 1)):
+then on an sm_90 GPU (this script sets the launch cluster of the folder's patched kernels to
+(2, 1, 1)):
 
-    python tools/experiments/multicast_probe.py .exp/mc 2 16 8192 128 [--ncu] [--seconds 3]
+    python tools/experiments/fill_variant.py .exp/mc   # the shipped 128-key kernels (causal lookups)
+    python tools/experiments/multicast_probe.py .exp/mc 2 16 8192 128 [--causal] [--ncu] [--seconds 3]
 
 The patch: K is loaded by cluster rank 0 and V by rank 1, each ``multicast::cluster`` to both
 CTAs; the K/V pipelines' empty barriers count the consumer warps of both CTAs
@@ -38,17 +41,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", help="artifacts folder of the multicast kernel")
     ap.add_argument("shape", nargs=4, type=int, help="B H S D")
+    ap.add_argument("--causal", action="store_true")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
 
+    # The patched kernels (those that differ from the shipped ones) launch in clusters of two.
     man = Path(a.folder) / "manifest.json"
     m = json.loads(man.read_text())
-    if any(r["launch"]["cluster"] != [2, 1, 1] for r in m["kernels"].values()):
-        for r in m["kernels"].values():
+    shipped = json.loads((ROOT / "artifacts" / "manifest.json").read_text())["kernels"]
+    for name, r in m["kernels"].items():
+        if shipped.get(name, {}).get("sha256") != r["sha256"]:
             r["launch"]["cluster"] = [2, 1, 1]
-        man.write_text(json.dumps(m, indent=1))
+    man.write_text(json.dumps(m, indent=1))
 
     import torch
     import fa4_aot
@@ -62,13 +68,13 @@ def main(argv=None):
     sets = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
                   for _ in range(3)) for _ in range(2)]
     variants = [Variant("base", str(ROOT / "artifacts")), Variant("mc", a.folder)]
-    flops = 4 * b * h * s * s * d
+    flops = 4 * b * h * s * s * d // (2 if a.causal else 1)
 
     def call(v, i=0):
         def f():
             if Variant.active is not v:
                 v.enter()
-            return fa4_aot.attention(*sets[i % 2], scheduler="single")
+            return fa4_aot.attention(*sets[i % 2], causal=a.causal, scheduler="single")
         return f
 
     outs = [call(v)().clone() for v in variants]
