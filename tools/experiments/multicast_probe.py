@@ -22,7 +22,12 @@ The patch: K is loaded by cluster rank 0 and V by rank 1, each ``multicast::clus
 CTAs; the K/V pipelines' empty barriers count the consumer warps of both CTAs
 (``PipelineTmaAsync`` with a (1, 2, 1, 1) cluster layout); a cluster barrier after the
 mbarrier inits; the producer waits for every stage's release (both CTAs) before it exits.
-``--ncu``: one warm call of each, for ``ncu --profile-from-start off``.
+``--scheduler steal``: the kernels built with ``FA4_AOT_PAIR_STEAL=1`` (the ``steal`` kernels
+instead of ``single``): the cluster's rank 0 steals pairs of tiles from the counter and hands
+the peer its tile through a 16-byte mailbox per cluster in global memory (sequence number and
+acknowledgement; rank 1 clears it after the last tile); this script enlarges the counter buffer
+for the mailboxes. ``--ncu``: one warm call of each, for ``ncu --profile-from-start off``;
+``--seconds 0``: no sustained part; ``--iters``: calls per variant and round in the A/B.
 """
 
 from __future__ import annotations
@@ -42,9 +47,13 @@ def main(argv=None):
     ap.add_argument("folder", help="artifacts folder of the multicast kernel")
     ap.add_argument("shape", nargs=4, type=int, help="B H S D")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--scheduler", default="single", choices=("single", "steal"),
+                    help="steal: the pair-steal build (FA4_AOT_PAIR_STEAL=1), whose mailboxes "
+                         "live in an enlarged counter buffer")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=20, help="calls per variant and round")
     a = ap.parse_args(argv)
 
     # The patched kernels (those that differ from the shipped ones) launch in clusters of two.
@@ -63,6 +72,10 @@ def main(argv=None):
     from tools.experiments.power_probe import sustained
 
     interface._section = lambda *args, **kw: 1  # adjacent m-blocks of one head side by side
+    if a.scheduler == "steal":  # the counter, then a 16-byte mailbox per cluster from byte 64
+        dev = torch.cuda.current_device()
+        interface._counters[(dev, torch.cuda.current_stream().cuda_stream)] = torch.zeros(
+            4096, dtype=torch.int32, device="cuda")
     b, h, s, d = a.shape
     torch.manual_seed(0)
     sets = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
@@ -74,7 +87,7 @@ def main(argv=None):
         def f():
             if Variant.active is not v:
                 v.enter()
-            return fa4_aot.attention(*sets[i % 2], causal=a.causal, scheduler="single")
+            return fa4_aot.attention(*sets[i % 2], causal=a.causal, scheduler=a.scheduler)
         return f
 
     outs = [call(v)().clone() for v in variants]
@@ -97,16 +110,16 @@ def main(argv=None):
             call(v)()
             start, end = torch.cuda.Event(True), torch.cuda.Event(True)
             start.record()
-            for i in range(20):
+            for i in range(a.iters):
                 call(v, i)()
             end.record()
             torch.cuda.synchronize()
-            times[v.name].append(start.elapsed_time(end) / 20)
+            times[v.name].append(start.elapsed_time(end) / a.iters)
     base = statistics.median(times["base"])
     for name, t in times.items():
         print(f"{b}x{h}x{s}x{d} {name:5s} {flops / statistics.median(t) / 1e9:7.1f} TFLOP/s "
               f"({base / statistics.median(t):.3f})", flush=True)
-    for v in variants + variants[::-1]:
+    for v in (variants + variants[::-1]) if a.seconds > 0 else ():
         us, watts, mhz = sustained(call(v), a.seconds)
         print(f"{v.name:5s} {us:9.1f} us/call {watts:7.1f} W {mhz:7.0f} MHz "
               f"{us * watts / 1e6:.4f} J/call", flush=True)
