@@ -47,6 +47,21 @@ def test_shipped_configs_know_nothing_of_experiments():
     assert KernelConfig.from_dict({**d, "variant": ""}) == KernelConfig.from_dict(d)
 
 
+def test_variant_that_gives_two_tables_one_tile_reports_the_shared_names(monkeypatch):
+    import copy
+
+    import fa4_aot.configs as configs
+    from tools.experiments.variants import apply, shared_names
+    assert shared_names() == {}  # the shipped space: one name per configuration
+    for table in ("TILES", "TILES_WIDE_N", "TILES_M128", "DECODE_TILES", "DECODE_WIDE_TILES"):
+        monkeypatch.setattr(configs, table, copy.deepcopy(getattr(configs, table)))
+    apply("m192-n128")
+    shared = shared_names("fwd_sm_90a_bf16_hd128_causal_steal")
+    assert "fwd_sm_90a_bf16_hd128_causal_steal_m192n128s2" in shared
+    assert {c.long_kv for c in shared["fwd_sm_90a_bf16_hd128_causal_steal_m192n128s2"]} == {
+        False, True}
+
+
 def test_experiment_variant_tokens_override_the_tile():
     from tools.experiments.variants import tile_overrides
     assert tile_overrides("noovl-nopp-s3-n176") == {"overlap": False, "pingpong": False,

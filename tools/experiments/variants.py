@@ -90,6 +90,19 @@ def apply(variant: str) -> None:
             table[hd] = dataclasses.replace(t, **over)
 
 
+def shared_names(only: str | None = None) -> dict:
+    """Kernel names that more than one configuration of the (patched) config space gets, with
+    those configurations: a variant that gives two tables the same tile (``m192`` at hd128:
+    the 128- and 176-key tables) gives their configurations one name, and the build's
+    manifest, keyed by name, keeps one of the records."""
+    from fa4_aot import configs
+    by_name: dict = {}
+    for c in configs.CONFIG_SPACE:
+        if only is None or re.search(only, c.name):
+            by_name.setdefault(c.name, []).append(c)
+    return {n: cs for n, cs in by_name.items() if len(cs) > 1}
+
+
 def _compile_worker(cfg_dict: dict, ptx_path: str) -> dict:
     """build.py's compile worker, in a fresh process: patch, then compile as usual."""
     apply(os.environ[ENV])
@@ -111,6 +124,11 @@ def main(argv=None) -> int:
     tile_overrides(a.variant)  # validate before building anything
     os.environ[ENV] = a.variant
     apply(a.variant)
+    for name, cs in shared_names(a.only).items():
+        print(f"variants: {len(cs)} configurations share the name {name} (keys "
+              f"{[c.key for c in cs]}); the manifest keeps one of them "
+              f"(tools/experiments/fill_variant.py adds the shipped kernels for the others)",
+              file=sys.stderr)
     from build_tools import build
     build._compile_worker = _compile_worker  # the pool pickles it by reference
     return build.build(a.ptxas, a.out, a.only, a.jobs, a.force, False)
