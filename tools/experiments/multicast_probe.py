@@ -68,6 +68,7 @@ def main(argv=None):
     import torch
     import fa4_aot
     from fa4_aot import interface
+    from bench.benchlib import round_order
     from tools.experiments.ab_artifacts import Variant
     from tools.experiments.power_probe import sustained
 
@@ -106,7 +107,7 @@ def main(argv=None):
         return
     times = {v.name: [] for v in variants}
     for r in range(a.rounds):
-        for v in (variants if r % 2 == 0 else variants[::-1]):
+        for v in round_order(variants, r):
             call(v)()
             start, end = torch.cuda.Event(True), torch.cuda.Event(True)
             start.record()

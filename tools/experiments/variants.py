@@ -98,7 +98,7 @@ def shared_names(only: str | None = None) -> dict:
     from fa4_aot import configs
     by_name: dict = {}
     for c in configs.CONFIG_SPACE:
-        if only is None or re.search(only, c.name):
+        if not only or re.search(only, c.name):  # build.build's --only filter
             by_name.setdefault(c.name, []).append(c)
     return {n: cs for n, cs in by_name.items() if len(cs) > 1}
 
