@@ -418,3 +418,25 @@ def test_round_order_is_a_williams_design(n):
     assert bl.balance_note(n, cycle) is None and bl.balance_note(n, 3 * cycle) is None
     if cycle > 1:
         assert f"not a multiple of {cycle}" in bl.balance_note(n, cycle + 1)
+
+
+def test_power_probe_smi_means():
+    """The experiment probes' nvidia-smi parsing (tools/experiments/power_probe.py): means of
+    power and SM clock, a leading fraction of the samples dropped, NaN when none came."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tools.experiments.power_probe import _smi_means
+
+    class Smi:
+        def __init__(self, text):
+            self.text, self.ended = text, False
+
+        def terminate(self):
+            self.ended = True
+
+        def communicate(self):
+            return self.text, None
+
+    smi = Smi("100.5, 1500\n200.5, 1700\n\n300, 1900\n400, 2100\n")
+    assert _smi_means(smi) == (250.25, 1800.0) and smi.ended
+    assert _smi_means(Smi(smi.text), drop=0.5) == (350.0, 2000.0)
+    assert all(math.isnan(x) for x in _smi_means(Smi("")))

@@ -27,7 +27,8 @@ instead of ``single``): the cluster's rank 0 steals pairs of tiles from the coun
 the peer its tile through a 16-byte mailbox per cluster in global memory (sequence number and
 acknowledgement; rank 1 clears it after the last tile); this script enlarges the counter buffer
 for the mailboxes. ``--ncu``: one warm call of each, for ``ncu --profile-from-start off``;
-``--seconds 0``: no sustained part; ``--iters``: calls per variant and round in the A/B.
+``--seconds 0``: no sustained part; ``--iters``: calls per variant and round in the A/B; ``--soak``: seconds of untimed
+turns first.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +56,9 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--iters", type=int, default=20, help="calls per variant and round")
+    ap.add_argument("--soak", type=float, default=0.0,
+                    help="seconds of untimed A/B turns before the timed ones (a GPU as warm as "
+                         "in a long benchmark run: near the power cap, leakage at its height)")
     a = ap.parse_args(argv)
 
     # The patched kernels (those that differ from the shipped ones) launch in clusters of two.
@@ -70,7 +75,7 @@ def main(argv=None):
     from fa4_aot import interface
     from bench.benchlib import round_order
     from tools.experiments.ab_artifacts import Variant
-    from tools.experiments.power_probe import sustained
+    from tools.experiments.power_probe import _smi, _smi_means, sustained
 
     interface._section = lambda *args, **kw: 1  # adjacent m-blocks of one head side by side
     if a.scheduler == "steal":  # the counter, then a 16-byte mailbox per cluster from byte 64
@@ -106,6 +111,14 @@ def main(argv=None):
             torch.cuda.profiler.stop()
         return
     times = {v.name: [] for v in variants}
+    soak_end, r = time.monotonic() + a.soak, 0
+    while time.monotonic() < soak_end:
+        for v in round_order(variants, r):
+            for i in range(a.iters):
+                call(v, i)()
+        torch.cuda.synchronize()
+        r += 1
+    smi = _smi()
     for r in range(a.rounds):
         for v in round_order(variants, r):
             call(v)()
@@ -116,6 +129,7 @@ def main(argv=None):
             end.record()
             torch.cuda.synchronize()
             times[v.name].append(start.elapsed_time(end) / a.iters)
+    print("during the A/B: {:.0f} W {:.0f} MHz".format(*_smi_means(smi)))
     base = statistics.median(times["base"])
     for name, t in times.items():
         print(f"{b}x{h}x{s}x{d} {name:5s} {flops / statistics.median(t) / 1e9:7.1f} TFLOP/s "

@@ -10,6 +10,9 @@ cap the clock each kernel gets is set by its energy per cycle (docs/perf-notes.m
     python tools/experiments/power_probe.py docs 16384+512*32 16 128 causal \
         --variants "base=artifacts;new=.exp/new"   # fa4_aot only, one artifacts folder each
         # (ab_artifacts.py's name=folder[:CONST=value] variants, ';'-separated), A-B-B-A
+    python tools/experiments/power_probe.py docs 16384+512*32 16 128 causal --turns 5,20,100
+        # first, the providers alternating every N calls (benchlib.round_order), after --soak
+        # seconds of the same: how far the clock each one holds is its own at that turn length
 
 In-process A/Bs (``ab_artifacts.py``) alternate the variants every 20 calls: they measure
 cycles, not the clock each variant would hold alone at the power cap (docs/perf-notes.md v23).
@@ -37,9 +40,7 @@ def sustained(f, seconds):
     for _ in range(5):
         f()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=power.draw,clocks.sm",
-                            "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
+    smi = _smi()
     start, end = torch.cuda.Event(True), torch.cuda.Event(True)
     t0, n = time.time(), 0
     start.record()
@@ -50,12 +51,53 @@ def sustained(f, seconds):
         torch.cuda.synchronize()
     end.record()
     torch.cuda.synchronize()
+    watts, mhz = _smi_means(smi, drop=0.25)
+    return 1000 * start.elapsed_time(end) / n, watts, mhz
+
+
+def _smi():
+    """nvidia-smi sampling power.draw and clocks.sm every 50 ms until terminated."""
+    return subprocess.Popen(["nvidia-smi", "--query-gpu=power.draw,clocks.sm",
+                             "--format=csv,noheader,nounits", "-lms", "50"],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _smi_means(smi, drop=0):
+    """(mean W, mean SM MHz) of the samples of a finished ``_smi()``, the first ``drop``
+    fraction left out."""
     smi.terminate()
     rows = [[float(x) for x in line.split(",")] for line in smi.communicate()[0].splitlines()
             if line.strip()]
-    rows = rows[len(rows) // 4:]
-    return (1000 * start.elapsed_time(end) / n, statistics.mean(r[0] for r in rows),
-            statistics.mean(r[1] for r in rows))
+    rows = rows[int(len(rows) * drop):] or [[float("nan")] * 2]
+    return statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+
+
+def alternating(calls, per_turn, rounds, soak):
+    """({name: median µs per call}, mean W, mean SM MHz) of the providers taking turns of
+    ``per_turn`` calls (benchlib.round_order), timed for ``rounds`` rounds after ``soak``
+    seconds of untimed turns."""
+    from bench.benchlib import round_order
+    names, r = list(calls), 0
+    end = time.time() + soak
+    while time.time() < end:
+        for name in round_order(names, r):
+            for _ in range(per_turn):
+                calls[name]()
+        torch.cuda.synchronize()
+        r += 1
+    times = {name: [] for name in names}
+    smi = _smi()
+    for r in range(rounds):
+        for name in round_order(names, r):
+            start, stop = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for _ in range(per_turn):
+                calls[name]()
+            stop.record()
+            torch.cuda.synchronize()
+            times[name].append(1000 * start.elapsed_time(stop) / per_turn)
+    watts, mhz = _smi_means(smi)
+    return {k: statistics.median(t) for k, t in times.items()}, watts, mhz
 
 
 def main(argv=None):
@@ -66,6 +108,11 @@ def main(argv=None):
                     "budget (the launch's L2 section, perf-notes v15)")
     ap.add_argument("--variants", help="';'-separated name=folder[:CONST=value]: fa4_aot "
                     "alone, once per artifacts folder (tools/experiments/ab_artifacts.py)")
+    ap.add_argument("--turns", help="comma list of calls per turn: an alternating A/B at each, "
+                    "--rounds rounds, after --soak seconds of untimed turns (the bench takes "
+                    "20 calls a turn)")
+    ap.add_argument("--soak", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=12)
     a = ap.parse_args(argv)
     calls = calls_for(a.shape)  # prefill_ncu_probe's inputs and calls
     if a.variants:
@@ -76,7 +123,12 @@ def main(argv=None):
         calls = {f"{mb}MB": _with_section_budget(calls["fa4_aot"], int(mb) << 20)
                  for mb in a.l2_budgets.split(",")}
     names = list(calls)
-    for name in names + names[::-1]:
+    for n in (int(x) for x in a.turns.split(",")) if a.turns else ():
+        us, watts, mhz = alternating(calls, n, a.rounds, a.soak)
+        print(f"{n:4d} calls a turn: " + ", ".join(f"{k} {t:.1f} us" for k, t in us.items())
+              + f" ({names[0]} / {names[-1]} {us[names[0]] / us[names[-1]]:.3f});"
+              f" {watts:.0f} W {mhz:.0f} MHz", flush=True)
+    for name in names + names[::-1] if a.seconds > 0 else ():
         us, watts, mhz = sustained(calls[name], a.seconds)
         print(f"{name:8s} {us:9.1f} us/call {watts:7.1f} W {mhz:7.0f} MHz", flush=True)
 
