@@ -27,17 +27,16 @@ instead of ``single``): the cluster's rank 0 steals pairs of tiles from the coun
 the peer its tile through a 16-byte mailbox per cluster in global memory (sequence number and
 acknowledgement; rank 1 clears it after the last tile); this script enlarges the counter buffer
 for the mailboxes. ``--ncu``: one warm call of each, for ``ncu --profile-from-start off``;
-``--seconds 0``: no sustained part; ``--iters``: calls per variant and round in the A/B; ``--soak``: seconds of untimed
-turns first.
+``--seconds 0``: no sustained part; ``--iters``: calls per variant and round in the A/B
+(``power_probe.alternating``); ``--soak``: seconds of untimed turns first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import itertools
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,9 +72,8 @@ def main(argv=None):
     import torch
     import fa4_aot
     from fa4_aot import interface
-    from bench.benchlib import round_order
     from tools.experiments.ab_artifacts import Variant
-    from tools.experiments.power_probe import _smi, _smi_means, sustained
+    from tools.experiments.power_probe import alternating, sustained
 
     interface._section = lambda *args, **kw: 1  # adjacent m-blocks of one head side by side
     if a.scheduler == "steal":  # the counter, then a 16-byte mailbox per cluster from byte 64
@@ -110,30 +108,17 @@ def main(argv=None):
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
         return
-    times = {v.name: [] for v in variants}
-    soak_end, r = time.monotonic() + a.soak, 0
-    while time.monotonic() < soak_end:
-        for v in round_order(variants, r):
-            for i in range(a.iters):
-                call(v, i)()
-        torch.cuda.synchronize()
-        r += 1
-    smi = _smi()
-    for r in range(a.rounds):
-        for v in round_order(variants, r):
-            call(v)()
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            for i in range(a.iters):
-                call(v, i)()
-            end.record()
-            torch.cuda.synchronize()
-            times[v.name].append(start.elapsed_time(end) / a.iters)
-    print("during the A/B: {:.0f} W {:.0f} MHz".format(*_smi_means(smi)))
-    base = statistics.median(times["base"])
-    for name, t in times.items():
-        print(f"{b}x{h}x{s}x{d} {name:5s} {flops / statistics.median(t) / 1e9:7.1f} TFLOP/s "
-              f"({base / statistics.median(t):.3f})", flush=True)
+
+    def turns(v):  # the two input sets in turn
+        n = itertools.count()
+        return lambda: call(v, next(n))()
+
+    us, watts, mhz = alternating({v.name: turns(v) for v in variants}, a.iters, a.rounds, a.soak,
+                                 prime=True)
+    print(f"during the A/B: {watts:.0f} W {mhz:.0f} MHz")
+    for name, t in us.items():
+        print(f"{b}x{h}x{s}x{d} {name:5s} {flops / t / 1e6:7.1f} TFLOP/s "
+              f"({us['base'] / t:.3f})", flush=True)
     for v in (variants + variants[::-1]) if a.seconds > 0 else ():
         us, watts, mhz = sustained(call(v), a.seconds)
         print(f"{v.name:5s} {us:9.1f} us/call {watts:7.1f} W {mhz:7.0f} MHz "

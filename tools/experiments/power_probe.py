@@ -72,10 +72,11 @@ def _smi_means(smi, drop=0):
     return statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
 
 
-def alternating(calls, per_turn, rounds, soak):
+def alternating(calls, per_turn, rounds, soak, prime=False):
     """({name: median µs per call}, mean W, mean SM MHz) of the providers taking turns of
     ``per_turn`` calls (benchlib.round_order), timed for ``rounds`` rounds after ``soak``
-    seconds of untimed turns."""
+    seconds of untimed turns; ``prime``: one untimed call before each timed turn (so that the
+    host work of switching artifacts folders, ab_artifacts.Variant, stays out of the timing)."""
     from bench.benchlib import round_order
     names, r = list(calls), 0
     end = time.time() + soak
@@ -89,6 +90,8 @@ def alternating(calls, per_turn, rounds, soak):
     smi = _smi()
     for r in range(rounds):
         for name in round_order(names, r):
+            if prime:
+                calls[name]()
             start, stop = torch.cuda.Event(True), torch.cuda.Event(True)
             start.record()
             for _ in range(per_turn):
