@@ -34,8 +34,8 @@ for the mailboxes. ``--ncu``: one warm call of each, for ``ncu --profile-from-st
 from __future__ import annotations
 
 import argparse
-import json
 import itertools
+import json
 import sys
 from pathlib import Path
 

@@ -76,7 +76,9 @@ def alternating(calls, per_turn, rounds, soak, prime=False):
     """({name: median µs per call}, mean W, mean SM MHz) of the providers taking turns of
     ``per_turn`` calls (benchlib.round_order), timed for ``rounds`` rounds after ``soak``
     seconds of untimed turns; ``prime``: one untimed call before each timed turn (so that the
-    host work of switching artifacts folders, ab_artifacts.Variant, stays out of the timing)."""
+    host work of switching artifacts folders, ab_artifacts.Variant, stays out of the timing).
+    Each turn is timed as bench_fwd times one (``time_once``)."""
+    from bench.bench_fwd import time_once
     from bench.benchlib import round_order
     names, r = list(calls), 0
     end = time.time() + soak
@@ -92,13 +94,7 @@ def alternating(calls, per_turn, rounds, soak, prime=False):
         for name in round_order(names, r):
             if prime:
                 calls[name]()
-            start, stop = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            for _ in range(per_turn):
-                calls[name]()
-            stop.record()
-            torch.cuda.synchronize()
-            times[name].append(1000 * start.elapsed_time(stop) / per_turn)
+            times[name].append(1000 * time_once(lambda _: calls[name](), per_turn))
     watts, mhz = _smi_means(smi)
     return {k: statistics.median(t) for k, t in times.items()}, watts, mhz
 
