@@ -77,7 +77,13 @@ class Tile:
     a thread a key block while the max stays, so less energy a block at the H200's power cap
     and a higher clock (v23). Well inside
     FA's error rule; on a sharply peaked row the dominant P is no longer exactly 1, which adds
-    one 16-bit rounding to it."""
+    one 16-bit rounding to it.
+    ``edge_width`` (sm_90a prefill, with ``overlap``; 0: off): a tile's first key block (the
+    causal diagonal or the sequence end) is computed on only its first ``edge_width`` columns
+    where no row of the tile sees more of them: S's wgmmas at that width, the PV wgmmas over
+    those keys (P is exactly 0 past them: the output is bitwise the same). Such tiles run a
+    second copy of the mainloop, chosen per tile; not in the decode or softcap kernels
+    (docs/perf-notes.md v28)."""
 
     m: int
     n: int
@@ -90,6 +96,7 @@ class Tile:
     staged_store: bool = False
     o_buffer: bool = False
     lazy_rescale: bool = False
+    edge_width: int = 0
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -128,9 +135,11 @@ TILES = {
 # (``schedule.prefer_long_kv``): its diagonal blocks cost more (causal S = 2k -5 %, 1k -9 %),
 # its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15. O rescaled under
 # S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k included) and causal
-# 8k / 16k (v18).
+# 8k / 16k (v18). The first key block of a tile cut to 96 columns where no row of the tile sees
+# more (``edge_width``; the diagonal and sequence-end blocks): causal 8k / 16k +1.1 to +1.6 %,
+# packed documents 0 to +1.4 %, non-causal -0.7 to +1.6 % (v28).
 TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True,
-                                      staged_store=True, o_buffer=True)}}
+                                      staged_store=True, o_buffer=True, edge_width=96)}}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs

@@ -72,9 +72,26 @@ def test_experiment_variant_tokens_override_the_tile():
     assert tile_overrides("noss") == {"staged_store": False}
     assert tile_overrides("ss-ob") == {"staged_store": True, "o_buffer": True}
     assert tile_overrides("nolr") == {"lazy_rescale": False}
+    assert tile_overrides("e80") == {"edge_width": 80}
+    assert tile_overrides("e0") == {"edge_width": 0}
     assert tile_overrides("") == {}
     with pytest.raises(ValueError, match="unknown kernel variant token 'n100'"):
         tile_overrides("n100")
+    with pytest.raises(ValueError, match="unknown kernel variant token 'e100'"):
+        tile_overrides("e100")
+
+
+def test_edge_width_only_where_the_kernel_takes_it():
+    """Tile.edge_width: 0, or a multiple of 16 (the PV wgmma's k-step) below the key block;
+    shipped on the 176-key hd128 tile only (the 128-key causal tile's diagonal block is always
+    seen whole by the tile's last row: docs/perf-notes.md v28)."""
+    trimmed = set()
+    for c in CONFIG_SPACE:
+        w = c.tile.edge_width
+        assert w == 0 or (w % 16 == 0 and 0 < w < c.tile.n), c.name
+        if w and c.arch == "sm_90a" and not c.decode and not c.softcap:
+            trimmed.add((c.head_dim, c.tile.n))
+    assert trimmed == {(128, 176)}
 
 
 @pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (64, 16, 2), (3, 17, 1)])

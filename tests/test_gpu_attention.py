@@ -90,6 +90,32 @@ def test_long_kv_causal_kernels(shape):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tail", [1, 95, 96, 97, 176])
+def test_edge_width_first_block(causal, tail):
+    """Tile.edge_width on the 176-key hd128 kernels: a tile's first key block is computed on
+    its first 96 columns where no row of the tile sees more. Sequence ends just inside, at
+    and past the cut (``tail`` keys in the last block), a one-block call, causal diagonals
+    (every m-tile its own offset to the 176-key grid); each scheduler against the reference
+    and bit for bit against the others."""
+    from fa4_aot import interface
+    from fa4_aot.decode import use_decode_kernels
+    for sq, sk in ((200, 176 * 3 + tail), (tail, tail), (176 * 30 + tail,) * 2,
+                   (300, 176 * 30 + tail)):
+        outs = []
+        for s in SCHEDS:
+            interface.clear_memo()
+            outs.append(_run_and_check(1, sq, sk, 2, 2, 128, torch.bfloat16, causal, s))
+            if s == "single" and (not causal or sk > 5000):  # schedule.prefer_long_kv
+                (entry,) = interface._tls.memo.values()
+                (kl,) = interface.derive_launches(entry.call).launches
+                assert kl.record["launch"]["tile"]["n"] == 176, kl.name
+        # Short queries take the decode kernels under steal (see the test above).
+        bitwise = SCHEDS[1:-1] if use_decode_kernels(sq, 1, None, "steal") else SCHEDS[1:]
+        for s, o in zip(bitwise, outs[1:]):
+            assert torch.equal(o, outs[0]), f"{s} differs from single ({sq}, {sk})"
+
+
 def test_fresh_inputs_each_seed():
     for seed in range(3):
         _run_and_check(2, 333, 333, 3, 3, 64, torch.bfloat16, True, "steal", seed=seed)

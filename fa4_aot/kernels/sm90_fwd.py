@@ -221,6 +221,8 @@ class _Frags:
     row_max: object
     row_sum: object
     row_scale: object
+    # Tile.edge_width: (MMA op, accumulator) of S's wgmmas on a trimmed first block.
+    edge: tuple = ()
 
 
 class FlashFwdSm90:
@@ -269,6 +271,12 @@ class FlashFwdSm90:
         self.o_buffer = self.staged_store and cfg.tile.o_buffer
         # Q's swizzle atom rows: 128 bytes where head_dim is a multiple of 64, else 64 (hd96).
         self.q_row_bytes = 128 if self.hd % 64 == 0 else 64
+        # Tile.edge_width: the width a tile's first key block is cut to where its rows see no
+        # more of it (0: never). Not in the softcap kernels: with the second copy of the
+        # mainloop the causal 176-key one spilled (36 bytes).
+        self.edge_n = (cfg.tile.edge_width
+                       if self.intra_wg_overlap and not self.decode and not self.softcap else 0)
+        assert self.edge_n % 16 == 0 and self.edge_n < self.tile_n, cfg.tile
 
     # ------------------------------------------------------------------ static pieces
     def _mmas_and_layouts(self, kv_rows=None):
@@ -866,6 +874,7 @@ class FlashFwdSm90:
             row_max=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
             row_sum=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
             row_scale=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
+            edge=self.edge_frags(wg_threads(wg), acc_S),
         )
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
@@ -907,9 +916,23 @@ class FlashFwdSm90:
                     # the other one while this tile runs).
                     q_stage = q_state.index if cutlass.const_expr(self.q_stages > 1) else 0
                     f_tile = dataclasses.replace(f, tSrQ=f.tSrQ[None, None, None, q_stage])
-                    k_state, v_state = self.mainloop(
-                        tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
-                        shape, softmax)
+                    args = (tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
+                            shape, softmax)
+                    if cutlass.const_expr(self.edge_n > 0):
+                        # Tile.edge_width: tiles whose first block can be trimmed take a copy
+                        # of the mainloop of their own, chosen here, where no wgmma is in
+                        # flight (around the trimmed steps inside the mainloop, the branches'
+                        # join made ptxas serialise every wgmma of the kernel: C7511).
+                        fits = self.edge_fits(n_max - 1, t, shape)
+                        if fits == 1:
+                            if n_max - n_min == 1:
+                                k_state, v_state = self.mainloop(*args, trim=True, single=True)
+                            else:
+                                k_state, v_state = self.mainloop(*args, trim=True)
+                        if fits == 0:
+                            k_state, v_state = self.mainloop(*args)
+                    else:
+                        k_state, v_state = self.mainloop(*args)
                     if cutlass.const_expr(self.o_buffer):
                         # O passes through the O buffer: Q is free once the mainloop is done.
                         pipe_q.consumer_release(q_state)
@@ -998,8 +1021,13 @@ class FlashFwdSm90:
 
     @cute.jit
     def mainloop(self, tidx, f: _Frags, pipes, k_state, v_state, t: _Tile, n_range,
-                 shape: Shape, softmax: Softmax):
-        """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states."""
+                 shape: Shape, softmax: Softmax, trim: cutlass.Constexpr = False,
+                 single: cutlass.Constexpr = False):
+        """Key blocks n_max-1 down to n_min for one m-tile; returns the advanced K/V states.
+        ``trim`` (Tile.edge_width): the first block's S and PV wgmmas cover only its first
+        ``edge_n`` columns (the caller has checked that no row of the tile sees more; the
+        other columns of S hold -inf, their P is 0); ``single``: the tile has that one key
+        block (else at least two)."""
         pipe_k, pipe_v = pipes
         n_min, n_max = n_range
         wg = self.mma_wg(tidx)
@@ -1008,7 +1036,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.intra_wg_overlap):
             if n_max > n_min:
                 # First (last-in-sequence) block: always masked.
-                self.qk_alone(wg, f, pipe_k, k_state)
+                self.qk_alone(wg, f, pipe_k, k_state, trim)
                 k_state.advance()
                 self.apply_softcap(f.acc_S_mn, softmax.softcap_pre)
                 self.apply_mask(f.acc_S_mn, tidx, (n_max - 1) * self.tile_n, row0, t, shape)
@@ -1027,9 +1055,18 @@ class FlashFwdSm90:
                     # every TMA issue became a loop over the lanes, docs/perf-notes.md v13.)
                     if softmax.softcap_pre != Float32(0.0):
                         u_lo, u_hi = n_min, n_min
-                top = cutlass.min(u_hi, n_max - 1)
-                for i in cutlass.range(n_max - 1 - cutlass.max(u_hi, n_min), unroll=1):
-                    self.overlap_block(tidx, f, pipes, k_state, v_state, n_max - 2 - i, t,
+                first = n_max - 1  # the blocks below it are left
+                if cutlass.const_expr(trim and not single):
+                    # The second block's step (peeled off) issues the trimmed block's PV.
+                    self.overlap_block(tidx, f, pipes, k_state, v_state, n_max - 2, t, shape,
+                                       softmax, True, trim=True)
+                    k_state.advance()
+                    v_state.advance()
+                    first = n_max - 2
+                top = cutlass.min(u_hi, first)
+                for i in cutlass.range(cutlass.max(first - cutlass.max(u_hi, n_min), 0),
+                                       unroll=1):
+                    self.overlap_block(tidx, f, pipes, k_state, v_state, first - 1 - i, t,
                                        shape, softmax, True)
                     k_state.advance()
                     v_state.advance()
@@ -1048,7 +1085,7 @@ class FlashFwdSm90:
                 # Last PV.
                 if cutlass.const_expr(self.rescale_early):
                     self.rescale_o(f)
-                self.pv_alone(wg, f, pipe_v, v_state)
+                self.pv_alone(wg, f, pipe_v, v_state, trim and single)
                 v_state.advance()
         else:
             for i in cutlass.range(n_max - n_min, unroll=1):
@@ -1066,13 +1103,15 @@ class FlashFwdSm90:
         return k_state, v_state
 
     def overlap_block(self, tidx, f: _Frags, pipes, k_state, v_state, n_block, t: _Tile,
-                      shape: Shape, softmax: Softmax, masked: bool, capped: bool = True):
+                      shape: Shape, softmax: Softmax, masked: bool, capped: bool = True,
+                      trim: bool = False):
         """One steady-state step of the overlapped mainloop: S = Q K(n_block)^T and O += P V of
         the previous block issued together, the softmax of S while the PV wgmma runs, then O
         rescaled and P converted. ``masked``: apply the mask; ``capped``: apply the softcap
         (as configured: always in softcap kernels, when softcap_pre != 0 in decode kernels).
         Both are decided while tracing. The caller advances both pipeline states (see
-        :meth:`qk_alone`).
+        :meth:`qk_alone`). ``trim``: the PV wgmmas take only the first ``edge_n`` keys (the
+        previous block was a trimmed first block).
 
         With ping-pong, V is waited for after S's wgmmas are issued (its load was issued after
         K's): the tensor cores work on S meanwhile, and the other warpgroups' turns do not
@@ -1096,7 +1135,7 @@ class FlashFwdSm90:
             self.rescale_o(f)
         if cutlass.const_expr(self.pingpong):
             pipe_v.consumer_wait(v_state)
-        self.gemm_pv(f, v_state.index)
+        self.gemm_pv(f, v_state.index, trim)
         self.pingpong_signal(wg)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(k_state)
@@ -1143,20 +1182,22 @@ class FlashFwdSm90:
         barrier ids and wgmma descriptors derived from it stay in uniform registers)."""
         return cute.arch.make_warp_uniform(tidx // 128)
 
-    def qk_alone(self, wg, f: _Frags, pipe_k, k_state):
-        """S = Q K^T for the next key block, waited for (no PV in flight)."""
+    def qk_alone(self, wg, f: _Frags, pipe_k, k_state, trim=False):
+        """S = Q K^T for the next key block, waited for (no PV in flight); ``trim``: see
+        :meth:`gemm_qk`."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_wait(wg)
-        self.gemm_qk(f, k_state.index)
+        self.gemm_qk(f, k_state.index, trim)
         self.pingpong_signal(wg)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
 
-    def pv_alone(self, wg, f: _Frags, pipe_v, v_state):
-        """O += P V for the next value block, waited for (no QK in flight)."""
+    def pv_alone(self, wg, f: _Frags, pipe_v, v_state, trim=False):
+        """O += P V for the next value block, waited for (no QK in flight); ``trim``: see
+        :meth:`gemm_pv`."""
         pipe_v.consumer_wait(v_state)
         self.pingpong_wait(wg)
-        self.gemm_pv(f, v_state.index)
+        self.gemm_pv(f, v_state.index, trim)
         self.pingpong_signal(wg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
@@ -1189,26 +1230,66 @@ class FlashFwdSm90:
                                          number_of_threads=256)
 
     @cute.jit
-    def gemm_qk(self, f: _Frags, stage):
+    def gemm_qk(self, f: _Frags, stage, trim: cutlass.Constexpr = False):
         """acc = Q K^T (zero-initialised by the first k-block). A fresh MMA atom per call keeps
-        the accumulate flag a local value."""
+        the accumulate flag a local value. ``trim`` (Tile.edge_width): only the block's first
+        ``edge_n`` columns, by wgmmas of that width."""
+        op, acc = f.mma_qk.op, f.acc_S
+        if cutlass.const_expr(trim):
+            op, acc = f.edge
+            # The columns past it: -inf (the mask would overwrite them, but the compiler
+            # cannot see that, and their stale values would stay live through the wgmmas,
+            # taking registers the wgmma pipeline needs: C7511).
+            for c in cutlass.range_constexpr(cute.size(acc), cute.size(f.acc_S)):
+                f.acc_S[c] = -Float32.inf
         warpgroup.fence()
-        atom = cute.make_mma_atom(f.mma_qk.op)
+        atom = cute.make_mma_atom(op)
         for k in cutlass.range_constexpr(cute.size(f.tSrQ, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, k != 0)
-            cute.gemm(atom, f.acc_S, f.tSrQ[None, None, k], f.tSrK[None, None, k, stage],
-                      f.acc_S)
+            cute.gemm(atom, acc, f.tSrQ[None, None, k], f.tSrK[None, None, k, stage], acc)
         warpgroup.commit_group()
 
     @cute.jit
-    def gemm_pv(self, f: _Frags, stage):
-        """acc += P V."""
+    def gemm_pv(self, f: _Frags, stage, trim: cutlass.Constexpr = False):
+        """acc += P V (``trim``: over the block's first ``edge_n`` keys only)."""
         warpgroup.fence()
         atom = cute.make_mma_atom(f.mma_pv.op)
         atom.set(warpgroup.Field.ACCUMULATE, True)
-        for k in cutlass.range_constexpr(cute.size(f.tOrP, mode=[2])):
+        n_k = self.edge_n // 16 if cutlass.const_expr(trim) else cute.size(f.tOrP, mode=[2])
+        for k in cutlass.range_constexpr(n_k):
             cute.gemm(atom, f.acc_O, f.tOrP[None, None, k], f.tOrV[None, None, k, stage], f.acc_O)
         warpgroup.commit_group()
+
+    # ---------------------------------------------------------------- Tile.edge_width
+    def edge_frags(self, wg_thread, acc_S):
+        """(MMA op, accumulator) of S's wgmmas at ``edge_n`` columns, or () without trimming.
+        The accumulator is acc_S's first columns: a wgmma m64nN accumulator holds its columns
+        in groups of 8, one after another, so a narrower one's registers are a prefix of a
+        wider one's. The K operand descriptors are the full block's (same start, same row
+        stride)."""
+        if cutlass.const_expr(self.edge_n == 0):
+            return ()
+        mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, (self.num_mma_wg, 1, 1), (64, self.edge_n))
+        thr = mma.get_slice(wg_thread)
+        layout = thr.make_fragment_C(thr.partition_shape_C((self.tile_m, self.edge_n))).layout
+        return (mma.op, cute.make_tensor(acc_S.iterator, layout))
+
+    @cute.jit
+    def edge_fits(self, n_block, t: _Tile, shape: Shape):
+        """1 if no row of the tile sees key block ``n_block`` past its first ``edge_n``
+        columns (the tile's last row sees the most), else 0 (warp-uniform). One answer per CTA: with one per
+        warpgroup (their last rows 64 apart) the two ping-pong warpgroups would often run
+        different copies of the mainloop at once and stall on instruction fetch (5 % slower,
+        docs/perf-notes.md v28)."""
+        last_row = t.m_block * self.tile_m + self.tile_m - 1
+        _, hi = self.binfo.col_limits(last_row, n_block * self.tile_n, t.sq, t.sk,
+                                      shape.window_left, shape.window_right)
+        fits = Int32(0)
+        if hi <= self.edge_n:
+            fits = Int32(1)
+        return cute.arch.make_warp_uniform(fits)
 
     @cute.jit
     def apply_softcap(self, acc_S_mn, softcap_pre):

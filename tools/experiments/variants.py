@@ -13,6 +13,8 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 ``ss`` / ``noss``    the sm_90a O stores through shared memory (``Tile.staged_store``) on / off
 ``ob`` / ``noob``    ... through an O buffer of their own instead of the Q stage (``Tile.o_buffer``)
 ``lr`` / ``nolr``    the sm_90a lazy row-max update (``Tile.lazy_rescale``) on / off
+``eN``               the sm_90a first key block cut to N columns where it can be
+                     (``Tile.edge_width``; ``e0``: off)
 ``sN``               N K/V pipeline stages
 ``qN``               N Q buffers (1 or 2; sm_90a prefill)
 ``nN``               an n tile of N keys (a multiple of 16)
@@ -64,6 +66,8 @@ def tile_overrides(variant: str) -> dict:
             out["o_buffer"] = tok == "ob"
         elif tok in ("lr", "nolr"):
             out["lazy_rescale"] = tok == "lr"
+        elif re.fullmatch(r"e(0|16|32|48|64|80|96|112|128|144|160)", tok):
+            out["edge_width"] = int(tok[1:])
         elif re.fullmatch(r"q[12]", tok):
             out["q_stages"] = int(tok[1:])
         elif re.fullmatch(r"s[1-9]", tok):
@@ -74,7 +78,7 @@ def tile_overrides(variant: str) -> dict:
             out["n"] = int(tok[1:])
         else:
             raise ValueError(f"unknown kernel variant token {tok!r} "
-                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, ob, noob, lr, nolr, "
+                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, ob, noob, lr, nolr, eN, "
                              "qN, sN, nN, mN)")
     return out
 
