@@ -78,8 +78,8 @@ def tile_overrides(variant: str) -> dict:
             out["n"] = int(tok[1:])
         else:
             raise ValueError(f"unknown kernel variant token {tok!r} "
-                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, ob, noob, lr, nolr, eN, "
-                             "qN, sN, nN, mN)")
+                             "(ovl, noovl, pp, nopp, re, nore, c4, ss, noss, ob, noob, lr, nolr, "
+                             "eN, qN, sN, nN, mN)")
     return out
 
 
