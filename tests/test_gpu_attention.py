@@ -290,6 +290,39 @@ def test_varlen(lens, sched, d, causal):
             assert (lse[fin] - lse_ref[fin]).abs().max().item() < 1e-2
 
 
+@pytest.mark.parametrize("d,sched", [(128, "single"), (128, "steal"), (64, "single")])
+def test_o_buffer_rows_written_in_place(d, sched):
+    """The O-buffer tiles (hd128 on 176 keys, hd64 on 192 rows: ``Tile.o_buffer``) write O
+    through a buffer that their warpgroups take in turn. Into a strided ``out`` inside a
+    poisoned buffer (rows (heads + 1) * (d + 8) elements apart), documents ending inside a
+    tile: the values are a contiguous call's, bit for bit, and nothing outside ``out`` is
+    written."""
+    from fa4_aot import interface
+    lens = [300, 77, 1000, 129, 2900]
+    h = 4
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+              scheduler=sched)
+    for causal in (False, True):
+        interface.clear_memo()
+        ref = fa4_aot.attention(q, k, v, causal=causal, **kw)
+        (entry,) = interface._tls.memo.values()
+        (kl,) = interface.derive_launches(entry.call).launches
+        if not causal:  # (causal hd128 calls this short take the 128-key tile)
+            assert kl.record["config"]["tile"]["o_buffer"], kl.name
+        big = torch.full((sum(lens) + 2, h + 1, d + 8), float("nan"), device="cuda",
+                         dtype=torch.bfloat16)
+        out = big[1:-1, :h, :d]
+        fa4_aot.attention(q, k, v, causal=causal, out=out, **kw)
+        assert torch.equal(out, ref), (causal, kl.name)
+        outside = torch.ones_like(big, dtype=torch.bool)
+        outside[1:-1, :h, :d] = False
+        assert big[outside].isnan().all(), (causal, kl.name)
+
+
 @pytest.mark.parametrize("window", [(64, 0), (100, 100), (0, 0), (-1, 37), (300, -1)])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000), (1, 257, 700), (1, 700, 257)],
                          ids=lambda s: "x".join(map(str, s)))
