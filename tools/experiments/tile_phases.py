@@ -23,7 +23,6 @@ trace buffer instead of (SM, CTA, start, end); the shipped trace kernels are not
 """
 
 import collections
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
-from fa4_aot.schedule import choose_section, decode_tile  # noqa: E402
+from fa4_aot.schedule import choose_section, decode_tile, num_n_blocks  # noqa: E402
 
 KEYS = 176  # the key block of the kernels measured
 
@@ -53,12 +52,6 @@ def sweep():
         print(f"n = {n}: 4,224 tiles of {n} key blocks profiled", flush=True)
 
 
-def _fit(xs, ys):
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
-
-
 def trace():
     for b, h, s in ((1, 16, 16384), (2, 16, 8192)):
         q, k, v = (torch.randn(b, s, h, 128, device="cuda", dtype=torch.bfloat16)
@@ -72,7 +65,7 @@ def trace():
         per_cta = collections.defaultdict(list)
         for idx, (r0, t_main, t0, t1) in enumerate(tr.cpu().tolist()):
             m, _, _ = decode_tile(idx, nmb, h, sec)
-            n = math.ceil(128 * (m + 1) / KEYS)
+            n = num_n_blocks(m, 128, KEYS, s, s, True)
             per_cta[r0 >> 32].append((t0, t0 + (r0 & 0xFFFFFFFF), t_main, t1, n))
         rows, gaps = [], []
         for tiles in per_cta.values():
@@ -81,7 +74,7 @@ def trace():
                 rows.append((n, tq - t0, tm - tq, t1 - tm))
                 if i + 1 < len(tiles):
                     gaps.append(tiles[i + 1][0] - t1)
-        a, per_block = _fit([r[0] for r in rows], [r[2] for r in rows])
+        per_block, a = statistics.linear_regression([r[0] for r in rows], [r[2] for r in rows])
         print(f"causal {b}x{h}x{s}x128, {len(rows)} tiles (ns; warp 0 of warpgroup 0):")
         print(f"  Q wait + prologue  median {statistics.median(r[1] for r in rows):6.0f}")
         print(f"  mainloop           {a:6.0f} + {per_block:.0f} per key block")
