@@ -48,3 +48,12 @@ def run_in_threads(worker, n):
         t.join()
     if errors:
         raise errors[0]
+
+
+def memo_plan():
+    """The launch plan the runtime derives for the one call this thread's memo holds
+    (``interface._tls.memo``; a test clears it before the call): ``.launches`` are the kernels
+    with their manifest records and launch values."""
+    from fa4_aot import interface
+    (entry,) = interface._tls.memo.values()
+    return interface.derive_launches(entry.call)

@@ -10,6 +10,7 @@ from fa4_aot.decode import (MIN_BLOCKS_PER_SPLIT, choose_num_splits, split_range
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
 import fakecuda  # noqa: E402
+from conftest import memo_plan  # noqa: E402
 
 
 @pytest.mark.parametrize("tiles,n_blocks,sms,want", [
@@ -62,14 +63,12 @@ def test_short_gqa_queries_take_the_packed_tiles(monkeypatch, sq, h, hk, m, m_bl
     """Packed rows past one 64-row tile take the 128-row decode kernels; GQA calls whose query
     heads would leave the 128-row prefill tiles mostly empty are packed too; the rest keep the
     prefill kernels (one query head per tile)."""
-    from fa4_aot import interface
     fakecuda.install(monkeypatch)
     q = torch.randn(2, sq, h, 128, dtype=torch.bfloat16)
     k = torch.randn(2, 1000, hk, 128, dtype=torch.bfloat16)
     with torch.no_grad():
         fa4_aot.attention(q, k, k, causal=True)
-    (entry,) = interface._tls.memo.values()
-    main = interface.derive_launches(entry.call).launches[0]
+    main = memo_plan().launches[0]
     packed = main.record["launch"]["pack_gqa"]
     assert packed == use_decode_kernels(sq, h // hk, None, "auto")
     assert main.record["launch"]["tile"]["m"] == m
@@ -105,7 +104,6 @@ def test_decode_call_packs_gqa_and_splits(monkeypatch):
 
 
 def test_paged_call_values(monkeypatch):
-    from fa4_aot import interface
     fakecuda.install(monkeypatch)
     b, h, hk, d, ps, pages = 3, 8, 2, 128, 32, 5
     q = torch.randn(b, 2, h, d, dtype=torch.bfloat16)
@@ -115,8 +113,7 @@ def test_paged_call_values(monkeypatch):
     with torch.no_grad():
         fa4_aot.attention(q, cache, cache, causal=True, page_table=table, seqused_k=used,
                           num_splits=1)
-    (entry,) = interface._tls.memo.values()
-    (main,) = interface.derive_launches(entry.call).launches
+    (main,) = memo_plan().launches
     v = main.values
     assert (v["page_size"], v["pages_per_seq"], v["page_table_stride"]) == (ps, pages, pages)
     assert v["seqlen_k"] == pages * ps and v["k_rows"] == ps and v["k_batch"] == 20
@@ -126,7 +123,6 @@ def test_paged_call_values(monkeypatch):
 
 
 def test_chunked_prefill_varlen_q_with_paged_kv(monkeypatch):
-    from fa4_aot import interface
     fakecuda.install(monkeypatch)
     q = torch.randn(9, 4, 64, dtype=torch.bfloat16)
     cache = torch.randn(8, 16, 1, 64, dtype=torch.bfloat16)
@@ -135,8 +131,7 @@ def test_chunked_prefill_varlen_q_with_paged_kv(monkeypatch):
         fa4_aot.attention(q, cache, cache, causal=True, cu_seqlens_q=cu, max_seqlen_q=5,
                           page_table=torch.zeros(2, 3, dtype=torch.int32),
                           seqused_k=torch.tensor([20, 48], dtype=torch.int32))
-    (entry,) = interface._tls.memo.values()
-    v = interface.derive_launches(entry.call).launches[0].values
+    v = memo_plan().launches[0].values
     assert v["seq_mode"] == 1 | 4 and v["acc_rows"] == 9 and v["cu_seqlens_k"] == 0
 
 
@@ -149,7 +144,6 @@ def test_decode_kv_box_rows(monkeypatch, page, hd, want):
     """The decode kernels' K/V TMA box: the whole key block for contiguous K/V; with pages the
     largest box dividing both the page and the block (never crossing a page). The
     descriptors are encoded with it (the record names the launch value)."""
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     b, hk = 2, 2
     q = torch.randn(b, 1, 8, hd, dtype=torch.bfloat16)
@@ -162,8 +156,7 @@ def test_decode_kv_box_rows(monkeypatch, page, hd, want):
                   seqused_k=torch.tensor([5, 3 * page], dtype=torch.int32))
     with torch.no_grad():
         fa4_aot.attention(q, k, k, causal=True, num_splits=1, **kw)
-    (entry,) = interface._tls.memo.values()
-    (main,) = interface.derive_launches(entry.call).launches
+    (main,) = memo_plan().launches
     assert main.values["kv_box_rows"] == want
     tile = main.record["launch"]["tile"]
     assert tile["n"] % want == 0 and want % 16 == 0 and (page is None or page % want == 0)
@@ -220,8 +213,7 @@ def test_many_packed_rows_take_the_wide_decode_kernels(monkeypatch):
         q = torch.randn(1, sq, 8, 64, dtype=torch.bfloat16)
         with torch.no_grad():
             fa4_aot.attention(q, cache, cache, causal=True, page_table=table, seqused_k=used)
-        (entry,) = interface._tls.memo.values()
-        (main,) = interface.derive_launches(entry.call).launches
+        (main,) = memo_plan().launches
         assert main.record["launch"]["tile"]["m"] == m and main.record["config"]["decode"]
         assert main.record["config"]["wide"] == (m == 128)
         assert main.values["num_m_blocks"] == -(-sq * 4 // m)

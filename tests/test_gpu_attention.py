@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4_aot  # noqa: E402
-from conftest import run_in_threads  # noqa: E402
+from conftest import memo_plan, run_in_threads  # noqa: E402
 from fa4_aot.testing import attention_ref, check_close, moving_max_inputs  # noqa: E402
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -83,8 +83,7 @@ def test_long_kv_causal_kernels(shape):
     for s in SCHEDS:
         interface.clear_memo()
         outs.append(_run_and_check(b, sq, sk, h, hk, 128, torch.bfloat16, True, s))
-        (entry,) = interface._tls.memo.values()
-        (kl,) = interface.derive_launches(entry.call).launches
+        (kl,) = memo_plan().launches
         assert kl.record["config"]["long_kv"] and kl.record["launch"]["tile"]["n"] == 176, kl.name
     for s, o in zip(SCHEDS[1:], outs[1:]):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
@@ -107,8 +106,7 @@ def test_edge_width_first_block(causal, tail):
             interface.clear_memo()
             outs.append(_run_and_check(1, sq, sk, 2, 2, 128, torch.bfloat16, causal, s))
             if s == "single" and (not causal or sk > 5000):  # schedule.prefer_long_kv
-                (entry,) = interface._tls.memo.values()
-                (kl,) = interface.derive_launches(entry.call).launches
+                (kl,) = memo_plan().launches
                 assert kl.record["launch"]["tile"]["n"] == 176, kl.name
         # Short queries take the decode kernels under steal (see the test above).
         bitwise = SCHEDS[1:-1] if use_decode_kernels(sq, 1, None, "steal") else SCHEDS[1:]
@@ -309,8 +307,7 @@ def test_o_buffer_rows_written_in_place(d, sched):
     for causal in (False, True):
         interface.clear_memo()
         ref = fa4_aot.attention(q, k, v, causal=causal, **kw)
-        (entry,) = interface._tls.memo.values()
-        (kl,) = interface.derive_launches(entry.call).launches
+        (kl,) = memo_plan().launches
         if not causal:  # (causal hd128 calls this short take the 128-key tile)
             assert kl.record["config"]["tile"]["o_buffer"], kl.name
         big = torch.full((sum(lens) + 2, h + 1, d + 8), float("nan"), device="cuda",

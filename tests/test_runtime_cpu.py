@@ -15,7 +15,7 @@ from fa4_aot.runtime import pack_params
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
 import fakecuda  # noqa: E402
-from conftest import run_in_threads  # noqa: E402
+from conftest import memo_plan, run_in_threads  # noqa: E402
 from bench.benchlib import ZIPF_DOCS  # noqa: E402
 from fakecuda import fwd_params  # noqa: E402
 
@@ -367,14 +367,12 @@ def test_memo_hit_patches_addresses_and_matches_a_full_pack(monkeypatch):
 
 
 def test_fallback_reencodes_when_the_address_field_is_not_raw(monkeypatch):
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch, addr_word=None)
     with torch.no_grad():
         for _ in range(3):
             q, k, v = _dense()
             out, lse = fa4_aot.attention(q, k, v, return_lse=True)
-            (entry,) = interface._tls.memo.values()
-            (kl,) = interface.derive_launches(entry.call).launches
+            (kl,) = memo_plan().launches
             values = _expected_values(kl, out, lse, q, k, v)
             params, ref, got = _reference_buffer(drv.launches[-1], kl.record, values,
                                                  {"q": q, "k": k, "v": v})
@@ -510,7 +508,6 @@ def test_varlen_reads_no_offsets_unless_asked(monkeypatch):
 
 
 def test_varlen_launch_values(monkeypatch):
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     q, k, v = _packed(total=20, h=4, d=64)
     k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
@@ -518,8 +515,7 @@ def test_varlen_launch_values(monkeypatch):
     with torch.no_grad():
         out, lse = fa4_aot.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=15,
                                      max_seqlen_k=15, causal=True, return_lse=True)
-    (entry,) = interface._tls.memo.values()
-    (kl,) = interface.derive_launches(entry.call).launches
+    (kl,) = memo_plan().launches
     vals = kl.values
     assert (vals["batch"], vals["seqlen_q"], vals["q_rows"], vals["q_batch"]) == (2, 15, 20, 1)
     assert (vals["o_stride_b"], vals["lse_stride_b"], vals["lse_stride_h"]) == (0, 0, 20)
@@ -584,8 +580,7 @@ def test_threads_interleaved_each_launch_packs_its_own_call(monkeypatch):
                 ident = threading.get_ident()
                 with lock:
                     mine = [r for t, r in records if t == ident][-1]
-                (entry,) = interface._tls.memo.values()
-                (kl,) = interface.derive_launches(entry.call).launches
+                (kl,) = memo_plan().launches
                 values = _expected_values(kl, out, lse, q, k, v)
                 _, ref, got = _reference_buffer(mine, kl.record, values,
                                                 {"q": q, "k": k, "v": v})
@@ -599,7 +594,6 @@ def test_threads_interleaved_each_launch_packs_its_own_call(monkeypatch):
 def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch, layout):
     """The output is allocated contiguous whatever q's layout (empty_like only for a contiguous
     q), and the launch carries its strides."""
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     b, s, h, d = 2, 100, 4, 64
     if layout == "contiguous":
@@ -613,8 +607,7 @@ def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch,
         for _ in range(2):  # miss, then hit
             out, lse = fa4_aot.attention(q, k, k, return_lse=True)
             assert out.is_contiguous() and out.shape == q.shape
-            (entry,) = interface._tls.memo.values()
-            (kl,) = interface.derive_launches(entry.call).launches
+            (kl,) = memo_plan().launches
             assert (kl.values["o_stride_s"], kl.values["o_stride_h"], kl.values["o_stride_b"]) \
                 == (out.stride(1), out.stride(2), out.stride(0))
             values = _expected_values(kl, out, lse, q, k, k)
@@ -641,13 +634,11 @@ def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
 
 def _dense_launch(monkeypatch, shape: dict, **kw):
     """The one kernel launch of ``fa4_aot.attention`` on dense inputs of ``shape`` (_dense)."""
-    from fa4_aot import interface
     fakecuda.install(monkeypatch)
     q, k, v = _dense(**shape)
     with torch.no_grad():
         fa4_aot.attention(q, k, v, **kw)
-    (entry,) = interface._tls.memo.values()
-    (kl,) = interface.derive_launches(entry.call).launches
+    (kl,) = memo_plan().launches
     return kl
 
 
@@ -688,15 +679,13 @@ def test_varlen_wide_n_on_the_token_weighted_length(monkeypatch, lens, n):
 
 def _causal_varlen_launch(monkeypatch, lens, heads):
     """The one kernel launch of a causal hd128 varlen call over documents of ``lens``."""
-    from fa4_aot import interface
     fakecuda.install(monkeypatch)
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
     q = torch.randn(sum(lens), heads, 128, dtype=torch.bfloat16)
     with torch.no_grad():
         fa4_aot.attention(q, q, q, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
                           max_seqlen_q=max(lens), max_seqlen_k=max(lens))
-    (entry,) = interface._tls.memo.values()
-    (kl,) = interface.derive_launches(entry.call).launches
+    (kl,) = memo_plan().launches
     return kl
 
 
