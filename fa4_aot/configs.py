@@ -130,16 +130,24 @@ TILES = {
 # only amortises the per-block work (the O rescale, the row max and sum reductions, the
 # barriers, Q read again from shared memory for each block). hd128: 176 keys (FA3's non-causal
 # hd128 tile; 192 spills), +2 to +4 % on every non-causal shape measured, S = 512 to 32k and
-# packed documents. The non-causal kernels take it always; the causal ones have it as an
-# alternative (``KernelConfig.long_kv``) for calls whose rows see many keys
-# (``schedule.prefer_long_kv``): its diagonal blocks cost more (causal S = 2k -5 %, 1k -9 %),
-# its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15. O rescaled under
-# S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k included) and causal
-# 8k / 16k (v18). The first key block of a tile cut to 96 columns where no row of the tile sees
+# packed documents. The non-causal kernels take it always; the causal ones have it (on 160
+# keys: TILES_LONG_KV below) as an alternative (``KernelConfig.long_kv``) for calls whose rows
+# see many keys (``schedule.prefer_long_kv``): its diagonal blocks cost more (causal S = 2k
+# -5 %, 1k -9 %), its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15.
+# O rescaled under S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k
+# included) and causal 8k / 16k (v18). The first key block of a tile cut to 96 columns where no row of the tile sees
 # more (``edge_width``; the diagonal and sequence-end blocks): causal 8k / 16k +1.1 to +1.6 %,
 # packed documents 0 to +1.4 %, non-causal -0.7 to +1.6 % (v28).
 TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True,
                                       staged_store=True, o_buffer=True, edge_width=96)}}
+
+# The causal form of the wide tile (``KernelConfig.long_kv``): the same tile on 160 keys.
+# In-process against 176 keys, three samples each (docs/perf-notes.md v31): packed documents
+# 1 x 16k + 32 x 512 causal +0.3 / +0.9 / +0.3 %, the zipf mix +2.2 / +0.6 / +1.1 %, causal
+# 2 x 16 x 8k +1.4 / +1.2 / +0.3 %, 4 x 16 x 4k -0.1 / -0.2 %, 1 x 16 x 16k -0.4 %; the same
+# time under sustained load. Non-causal stays on 176 keys (2 x 16 x 8k -2.1 % at 160).
+TILES_LONG_KV = {arch: {hd: dataclasses.replace(t, n=160) for hd, t in tiles.items()}
+                 for arch, tiles in TILES_WIDE_N.items()}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
 # (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
@@ -199,7 +207,7 @@ class KernelConfig:
     kind: str = "fwd"
     # The 128-row alternative tile (TILES_M128) of a head dim whose main tile is taller.
     m128: bool = False
-    # The wide-n alternative (TILES_WIDE_N) of a causal prefill kernel, for long key ranges.
+    # The wide-n alternative (TILES_LONG_KV) of a causal prefill kernel, for long key ranges.
     long_kv: bool = False
 
     def __post_init__(self):
@@ -225,9 +233,9 @@ class KernelConfig:
             raise ValueError(f"m128 is the 128-row alternative of the prefill tiles "
                              f"{sorted(TILES_M128.get(self.arch, {}))} on {self.arch}")
         if self.long_kv and (not self.causal or self.decode or self.m128 or self.trace
-                             or self.head_dim not in TILES_WIDE_N.get(self.arch, {})):
+                             or self.head_dim not in TILES_LONG_KV.get(self.arch, {})):
             raise ValueError(f"long_kv is the wide-n alternative of the causal prefill kernels "
-                             f"{sorted(TILES_WIDE_N.get(self.arch, {}))} on {self.arch}")
+                             f"{sorted(TILES_LONG_KV.get(self.arch, {}))} on {self.arch}")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
@@ -235,14 +243,16 @@ class KernelConfig:
     @property
     def tile(self) -> Tile:
         """The tile of (arch, head_dim): TILES; DECODE_TILES / DECODE_WIDE_TILES for the
-        decode kernels; TILES_M128 for ``m128``; TILES_WIDE_N, where it has the head dim, for
-        the non-causal, non-local kernels and for ``long_kv``."""
+        decode kernels; TILES_M128 for ``m128``; TILES_LONG_KV for ``long_kv``; TILES_WIDE_N,
+        where it has the head dim, for the non-causal, non-local kernels."""
         if self.decode:
             return (DECODE_WIDE_TILES if self.wide else DECODE_TILES)[self.head_dim]
         if self.m128:
             return TILES_M128[self.arch][self.head_dim]
+        if self.long_kv:
+            return TILES_LONG_KV[self.arch][self.head_dim]
         wide_n = TILES_WIDE_N.get(self.arch, {}).get(self.head_dim)
-        if wide_n and (self.long_kv or not (self.causal or self.local)):
+        if wide_n and not (self.causal or self.local):
             return wide_n
         return TILES[self.arch][self.head_dim]
 
@@ -300,7 +310,7 @@ def _space() -> Iterable[KernelConfig]:
                                                softcap=True)
                     if hd in TILES_M128.get(arch, {}) and not local:
                         yield KernelConfig(arch, dtype, hd, causal, "steal", m128=True)
-                    if hd in TILES_WIDE_N.get(arch, {}) and causal:
+                    if hd in TILES_LONG_KV.get(arch, {}) and causal:
                         # Every scheduler: a call gets the same tile (the same bits) whichever
                         # scheduler runs it.
                         for sched in SCHEDULERS_BY_ARCH[arch]:

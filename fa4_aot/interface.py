@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from . import runtime
 from .abi import KV_CHUNK
-from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_M128, TILES_WIDE_N
+from .configs import SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_LONG_KV, TILES_M128
 from .decode import MAX_SPLITS, choose_num_splits, use_decode_kernels, use_wide_tile
 from .manifest import load_manifest
 from .runtime import PerCall, TensorView
@@ -146,7 +146,7 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
     packed-GQA / split-KV / paged kernels (work stealing; softcap at run time; ``wide``: their
     128-row form for many packed rows); ``kind="combine"``: the split-KV merge; ``m128``: the
     128-row alternative of a taller prefill tile (configs.TILES_M128); ``long_kv``: the wide-n
-    alternative of a causal prefill kernel (configs.TILES_WIDE_N)."""
+    alternative of a causal prefill kernel (configs.TILES_LONG_KV)."""
     arch = _device_arch(device)
     if kind == "combine" or decode:
         if arch != "sm_90a":
@@ -176,7 +176,7 @@ def _long_kv_instead(c: "Call", rec: dict):
     same tile whichever scheduler runs it."""
     cfg = rec["config"]
     if (not c.causal or c.local or c.trace or cfg.get("m128")
-            or cfg["head_dim"] not in TILES_WIDE_N.get(cfg["arch"], {})):
+            or cfg["head_dim"] not in TILES_LONG_KV.get(cfg["arch"], {})):
         return None
     len_q, len_k = ((varlen_length(c.q[0][1], c.batch, c.seqlen_q),
                      varlen_length(c.k[0][1], c.batch, c.seqlen_k)) if c.varlen

@@ -157,7 +157,7 @@ def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k
 
 
 # Causal calls whose rows see at least this many keys on average take the wide-n causal kernel
-# (configs.TILES_WIDE_N, ``KernelConfig.long_kv``). hd128, 176 against 128 keys, in-process
+# (configs.TILES_LONG_KV, ``KernelConfig.long_kv``). hd128, 176 against 128 keys, in-process
 # A/B (docs/perf-notes.md v15): causal S = 1k -9 %, 2k -5 %, 3k -2 %, 4k -1 to +1 %, 6k +1 %,
 # 8k +2 %, 16k +2 % (rows seeing S / 2 keys on average). Since the wide tile writes O through
 # an O buffer of its own (v20), 176 against 128 keys: S = 4k -0.8 %, 5k +2.0 %, 6k +3.4 %,

@@ -1,5 +1,7 @@
 """The configuration space and the shared tile decode (CPU)."""
 
+import dataclasses
+
 import pytest
 
 from bench.benchlib import ZIPF_DOCS
@@ -53,7 +55,8 @@ def test_variant_that_gives_two_tables_one_tile_reports_the_shared_names(monkeyp
     import fa4_aot.configs as configs
     from tools.experiments.variants import apply, shared_names
     assert shared_names() == {}  # the shipped space: one name per configuration
-    for table in ("TILES", "TILES_WIDE_N", "TILES_M128", "DECODE_TILES", "DECODE_WIDE_TILES"):
+    for table in ("TILES", "TILES_WIDE_N", "TILES_LONG_KV", "TILES_M128", "DECODE_TILES",
+                  "DECODE_WIDE_TILES"):
         monkeypatch.setattr(configs, table, copy.deepcopy(getattr(configs, table)))
     apply("m192-n128")
     shared = shared_names("fwd_sm_90a_bf16_hd128_causal_steal")
@@ -83,15 +86,16 @@ def test_experiment_variant_tokens_override_the_tile():
 
 def test_edge_width_only_where_the_kernel_takes_it():
     """Tile.edge_width: 0, or a multiple of 16 (the PV wgmma's k-step) below the key block;
-    shipped on the 176-key hd128 tile only (the 128-key causal tile's diagonal block is always
-    seen whole by the tile's last row: docs/perf-notes.md v28)."""
+    shipped on the wide hd128 tiles only, 176 keys and the causal 160 (the 128-key causal
+    tile's diagonal block is always seen whole by the tile's last row: docs/perf-notes.md
+    v28)."""
     trimmed = set()
     for c in CONFIG_SPACE:
         w = c.tile.edge_width
         assert w == 0 or (w % 16 == 0 and 0 < w < c.tile.n), c.name
         if w and c.arch == "sm_90a" and not c.decode and not c.softcap:
             trimmed.add((c.head_dim, c.tile.n))
-    assert trimmed == {(128, 176)}
+    assert trimmed == {(128, 176), (128, 160)}
 
 
 @pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (64, 16, 2), (3, 17, 1)])
@@ -153,8 +157,8 @@ def test_hd64_tall_tile_and_its_128_row_alternative():
 
 def test_two_q_buffers_where_shared_memory_allows():
     """The next tile's Q loads while a tile runs (sm_90a prefill, v16): hd64/96/128 on 128-key
-    blocks; not the 176-key blocks, hd192/256 (no room) or the decode kernels (they load Q
-    themselves); the shared memory bound itself is checked on the built kernels
+    blocks; not the 160- and 176-key blocks, hd192/256 (no room) or the decode kernels (they
+    load Q themselves); the shared memory bound itself is checked on the built kernels
     (tests/test_manifest_abi.py)."""
     from fa4_aot.configs import CONFIG_SPACE, DECODE_TILES, DECODE_WIDE_TILES
     two = {(c.head_dim, c.tile.n) for c in CONFIG_SPACE
@@ -169,15 +173,19 @@ def test_two_q_buffers_where_shared_memory_allows():
 
 
 def test_hd128_wide_n_tiles():
-    from fa4_aot.configs import CONFIG_SPACE, DECODE_TILES, TILES_WIDE_N
+    """Non-causal hd128 on 176 keys; the causal kernels' wide alternative (long_kv) is the same
+    tile on 160 keys (docs/perf-notes.md v31)."""
+    from fa4_aot.configs import CONFIG_SPACE, DECODE_TILES, TILES_LONG_KV, TILES_WIDE_N
     assert TILES_WIDE_N["sm_90a"][128].n == 176
+    assert TILES_LONG_KV["sm_90a"][128] == dataclasses.replace(TILES_WIDE_N["sm_90a"][128],
+                                                               n=160)
     assert KernelConfig("sm_90a", "bf16", 128, False, "single").tile.n == 176
     assert KernelConfig("sm_90a", "bf16", 128, True, "single").tile.n == 128
     assert KernelConfig("sm_90a", "bf16", 128, False, "steal", local=True).tile.n == 128
     assert (KernelConfig("sm_90a", "bf16", 128, False, "steal", decode=True).tile
             == DECODE_TILES[128])
     alt = KernelConfig("sm_90a", "bf16", 128, True, "steal", long_kv=True)
-    assert alt.name == "fwd_sm_90a_bf16_hd128_causal_steal_m128n176s2"
+    assert alt.name == "fwd_sm_90a_bf16_hd128_causal_steal_m128n160s2"
     assert alt.key != KernelConfig("sm_90a", "bf16", 128, True, "steal").key
     for bad in (dict(head_dim=64), dict(causal=False), dict(decode=True), dict(trace=True),
                 dict(arch="sm_100a", scheduler="clc")):

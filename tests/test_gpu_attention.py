@@ -75,39 +75,44 @@ def test_schedulers_bitwise_identical(shape, causal, d):
 @pytest.mark.parametrize("shape", [(1, 8193, 8193, 2, 2), (2, 700, 6000, 4, 1)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_long_kv_causal_kernels(shape):
-    """Causal hd128 calls whose rows see >= 4k keys on average run on the wide-n (176-key)
+    """Causal hd128 calls whose rows see >= 4k keys on average run on the wide-n (160-key)
     alternative, with every scheduler (so the bits do not depend on the scheduler)."""
     from fa4_aot import interface
+    from fa4_aot.configs import TILES_LONG_KV
+    n = TILES_LONG_KV["sm_90a"][128].n
     b, sq, sk, h, hk = shape
     outs = []
     for s in SCHEDS:
         interface.clear_memo()
         outs.append(_run_and_check(b, sq, sk, h, hk, 128, torch.bfloat16, True, s))
         (kl,) = memo_plan().launches
-        assert kl.record["config"]["long_kv"] and kl.record["launch"]["tile"]["n"] == 176, kl.name
+        assert kl.record["config"]["long_kv"] and kl.record["launch"]["tile"]["n"] == n, kl.name
     for s, o in zip(SCHEDS[1:], outs[1:]):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("tail", [1, 95, 96, 97, 176])
+@pytest.mark.parametrize("tail", [1, 95, 96, 97, 0])
 def test_edge_width_first_block(causal, tail):
-    """Tile.edge_width on the 176-key hd128 kernels: a tile's first key block is computed on
-    its first 96 columns where no row of the tile sees more. Sequence ends just inside, at
-    and past the cut (``tail`` keys in the last block), a one-block call, causal diagonals
-    (every m-tile its own offset to the 176-key grid); each scheduler against the reference
-    and bit for bit against the others."""
+    """Tile.edge_width on the wide hd128 kernels (176 keys; causal, 160): a tile's first key
+    block is computed on its first 96 columns where no row of the tile sees more. Sequence
+    ends just inside, at and past the cut (``tail`` keys in the last block; 0: a whole block),
+    a one-block call, causal diagonals (every m-tile its own offset to the key-block grid);
+    each scheduler against the reference and bit for bit against the others."""
     from fa4_aot import interface
+    from fa4_aot.configs import TILES_LONG_KV, TILES_WIDE_N
     from fa4_aot.decode import use_decode_kernels
-    for sq, sk in ((200, 176 * 3 + tail), (tail, tail), (176 * 30 + tail,) * 2,
-                   (300, 176 * 30 + tail)):
+    n = (TILES_LONG_KV if causal else TILES_WIDE_N)["sm_90a"][128].n
+    tail = tail or n
+    for sq, sk in ((200, n * 3 + tail), (tail, tail), (n * 30 + tail,) * 2,
+                   (300, n * 30 + tail)):
         outs = []
         for s in SCHEDS:
             interface.clear_memo()
             outs.append(_run_and_check(1, sq, sk, 2, 2, 128, torch.bfloat16, causal, s))
             if s == "single" and (not causal or sk > 5000):  # schedule.prefer_long_kv
                 (kl,) = memo_plan().launches
-                assert kl.record["launch"]["tile"]["n"] == 176, kl.name
+                assert kl.record["launch"]["tile"]["n"] == n, kl.name
         # Short queries take the decode kernels under steal (see the test above).
         bitwise = SCHEDS[1:-1] if use_decode_kernels(sq, 1, None, "steal") else SCHEDS[1:]
         for s, o in zip(bitwise, outs[1:]):
@@ -290,8 +295,8 @@ def test_varlen(lens, sched, d, causal):
 
 @pytest.mark.parametrize("d,sched", [(128, "single"), (128, "steal"), (64, "single")])
 def test_o_buffer_rows_written_in_place(d, sched):
-    """The O-buffer tiles (hd128 on 176 keys, hd64 on 192 rows: ``Tile.o_buffer``) write O
-    through a buffer that their warpgroups take in turn. Into a strided ``out`` inside a
+    """The O-buffer tiles (hd128 on 160 and 176 keys, hd64 on 192 rows: ``Tile.o_buffer``)
+    write O through a buffer that their warpgroups take in turn. Into a strided ``out`` inside a
     poisoned buffer (rows (heads + 1) * (d + 8) elements apart), documents ending inside a
     tile: the values are a contiguous call's, bit for bit, and nothing outside ``out`` is
     written."""
@@ -368,7 +373,7 @@ def test_compact_varlen_tiles_bitwise_across_schedulers(causal):
     same bits. 9000 tokens of hd128 are 4.6 MB of K/V a head: the order takes that
     document's heads in sections (schedule.compact_section): one head at a time non-causal,
     two causal (the upper half of its m-blocks; the rest with all four heads). 11000 tokens of
-    16 heads, causal (the 176-key kernel): the lower half too (688 light tiles, over
+    16 heads, causal (the 160-key kernel): the lower half too (688 light tiles, over
     schedule.light_tiles_limit)."""
     for lens, heads in (([4000] + [50] * 70, 4), ([50] * 70 + [4000], 4),
                         ([9000] + [50] * 40, 4), ([11000] + [50] * 40, 16)):

@@ -646,27 +646,27 @@ def _dense_launch(monkeypatch, shape: dict, **kw):
     (1024, 1024, False, {}, 176),                 # non-causal hd128: always the wide-n tile
     (1024, 1024, False, {"scheduler": "single"}, 176),
     (2048, 2048, True, {}, 128),                  # causal: rows see 1k keys on average
-    (8192, 8192, True, {}, 176),                  # 4k: the wide-n alternative
+    (8192, 8192, True, {}, 160),                  # 4k: the wide-n alternative (160 keys)
     (4096, 4096, True, {}, 128),                  # 2k: not yet
-    (8192, 8192, True, {"scheduler": "single"}, 176),  # every scheduler: the same tile
-    (8192, 8192, True, {"scheduler": "static"}, 176),
-    (8192, 8192, True, {"softcap": 30.0}, 176),
-    (1024, 8192, True, {}, 176),                  # short queries on a long cache
+    (8192, 8192, True, {"scheduler": "single"}, 160),  # every scheduler: the same tile
+    (8192, 8192, True, {"scheduler": "static"}, 160),
+    (8192, 8192, True, {"softcap": 30.0}, 160),
+    (1024, 8192, True, {}, 160),                  # short queries on a long cache
     (8192, 8192, True, {"window_size": (4096, 0)}, 128),  # windows keep their tile
 ])
 def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
     """hd128: non-causal kernels run on 176-key blocks; causal calls take the wide-n
-    alternative when schedule.prefer_long_kv says their rows see enough keys."""
+    alternative (160 keys) when schedule.prefer_long_kv says their rows see enough keys."""
     kl = _dense_launch(monkeypatch, dict(b=1, sq=sq, sk=sk, h=2, hk=2, d=128), causal=causal,
                        **kw)
     assert kl.record["launch"]["tile"]["n"] == n, kl.name
-    assert kl.record["config"]["long_kv"] is (causal and n == 176)
+    assert kl.record["config"]["long_kv"] is (causal and n == 160)
 
 
-@pytest.mark.parametrize("lens,n", [([8192] * 3, 176), ([6144] * 4, 176),
-                                    ([16384] + [512] * 32, 176), ([4096] * 8, 128),
+@pytest.mark.parametrize("lens,n", [([8192] * 3, 160), ([6144] * 4, 160),
+                                    ([16384] + [512] * 32, 160), ([4096] * 8, 128),
                                     ([3072] * 12, 128), ([2048] * 16, 128),
-                                    (list(ZIPF_DOCS), 176)])
+                                    (list(ZIPF_DOCS), 160)])
 def test_varlen_wide_n_on_the_token_weighted_length(monkeypatch, lens, n):
     """Causal varlen calls take the wide-n tile on schedule.varlen_length (the length of an
     average token's document, from the totals and max_seqlen), not the mean document length:

@@ -20,8 +20,8 @@ A variant is ``-``-joined tokens that override fields of ``fa4_aot.configs.Tile`
 ``nN``               an n tile of N keys (a multiple of 16)
 ``mN``               an m tile of N rows (64, 128 or 192 on sm_90a: one MMA warpgroup per 64)
 
-How: the tile tables (``configs.TILES``, ``TILES_WIDE_N``, ``TILES_M128``, ``DECODE_TILES`` and
-``DECODE_WIDE_TILES``) are patched in this process and,
+How: the tile tables (``configs.TILES``, ``TILES_WIDE_N``, ``TILES_LONG_KV``, ``TILES_M128``,
+``DECODE_TILES`` and ``DECODE_WIDE_TILES``) are patched in this process and,
 through ``$FA4_AOT_EXPERIMENT_VARIANT``, in every compile worker, and then the ordinary build
 (``build_tools/build.py``'s ``build``) runs. The output folder is a complete artifacts folder
 (manifest, cubins, PTX): its kernels have the shipped configurations' keys with the variant's
@@ -87,7 +87,8 @@ def apply(variant: str) -> None:
     """Patch the tile tables of this process (every arch and head_dim)."""
     from fa4_aot import configs
     over = tile_overrides(variant)
-    tables = [*configs.TILES.values(), *configs.TILES_WIDE_N.values(), *configs.TILES_M128.values(),
+    tables = [*configs.TILES.values(), *configs.TILES_WIDE_N.values(),
+              *configs.TILES_LONG_KV.values(), *configs.TILES_M128.values(),
               configs.DECODE_TILES, configs.DECODE_WIDE_TILES]
     for table in tables:
         for hd, t in list(table.items()):
