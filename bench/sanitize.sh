@@ -3,8 +3,9 @@
 #   bash bench/sanitize.sh [outdir]
 # Cases: fewer tiles than CTAs (1 tile), SM count - 1 / + 1 tiles (131 / 133 on an H200), and
 # ~1000 tiles; causal and not; hd256 (two MMA warpgroups without ping-pong); hd64 on its
-# 192-row and (causal S = 1k) 128-row tiles; hd128 on 176-key blocks (non-causal, and the
-# causal long_kv alternative: short queries on a long cache), both ending in a partial block;
+# 192-row and (causal S = 1k) 128-row tiles; hd128 on its wide tiles (176-key blocks
+# non-causal, 160 for the causal long_kv alternative: short queries on a long cache), both
+# ending in a partial block;
 # O written through the tile's Q stage by CTAs that reuse it (hd128 causal 1k: two Q buffers,
 # ~4 tiles per CTA; hd192 / hd256: one Q buffer, 2 tiles per CTA) and through the O buffer that
 # the MMA warpgroups hand on by mbarrier (hd128 non-causal 1k, 176-key blocks, ~4 tiles per
