@@ -132,20 +132,21 @@ TILES = {
 # hd128 tile; 192 spills), +2 to +4 % on every non-causal shape measured, S = 512 to 32k and
 # packed documents. The non-causal kernels take it always; the causal ones have it (on 160
 # keys: TILES_LONG_KV below) as an alternative (``KernelConfig.long_kv``) for calls whose rows
-# see many keys (``schedule.prefer_long_kv``): its diagonal blocks cost more (causal S = 2k
-# -5 %, 1k -9 %), its steady state less (S = 6k +1 %, 8k / 16k +2 %). docs/perf-notes.md v15.
+# see enough keys (``schedule.prefer_long_kv``): its diagonal blocks cost more, its steady state
+# less (v15: causal S = 1k -9 %, 2k -5 %, 6k +1 %, 8k / 16k +2 % at 176 keys; on 160 keys with
+# the trimmed first block, v32: 1k -5 %, 2k +0.8 %, 4k +3 to +4 %). docs/perf-notes.md v15.
 # O rescaled under S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k
-# included) and causal 8k / 16k (v18). The first key block of a tile cut to 96 columns where no row of the tile sees
-# more (``edge_width``; the diagonal and sequence-end blocks): causal 8k / 16k +1.1 to +1.6 %,
-# packed documents 0 to +1.4 %, non-causal -0.7 to +1.6 % (v28).
+# included) and causal 8k / 16k (v18). The first key block of a tile cut to 96 columns where
+# no row of the tile sees more (``edge_width``; the diagonal and sequence-end blocks): causal
+# 8k / 16k +1.1 to +1.6 %, packed documents 0 to +1.4 %, non-causal -0.7 to +1.6 % (v28).
 TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True,
                                       staged_store=True, o_buffer=True, edge_width=96)}}
 
 # The causal form of the wide tile (``KernelConfig.long_kv``): the same tile on 160 keys.
-# In-process against 176 keys, three samples each (docs/perf-notes.md v31): packed documents
-# 1 x 16k + 32 x 512 causal +0.3 / +0.9 / +0.3 %, the zipf mix +2.2 / +0.6 / +1.1 %, causal
-# 2 x 16 x 8k +1.4 / +1.2 / +0.3 %, 4 x 16 x 4k -0.1 / -0.2 %, 1 x 16 x 16k -0.4 %; the same
-# time under sustained load. Non-causal stays on 176 keys (2 x 16 x 8k -2.1 % at 160).
+# In-process against 176 keys, four samples (docs/perf-notes.md v31): packed documents
+# 1 x 16k + 32 x 512 causal -0.1 to +0.9 %, the zipf mix +0.6 to +2.2 %, causal 2 x 16 x 8k
+# +0.3 to +1.5 %, 1 x 16 x 16k -0.4 / +0.2 %; the same time under sustained load. Non-causal
+# stays on 176 keys (2 x 16 x 8k -2.1 % at 160).
 TILES_LONG_KV = {arch: {hd: dataclasses.replace(t, n=160) for hd, t in tiles.items()}
                  for arch, tiles in TILES_WIDE_N.items()}
 
@@ -299,7 +300,8 @@ def _space() -> Iterable[KernelConfig]:
     for arch in ARCHS:
         for dtype in DTYPES:
             for hd in TILES[arch]:
-                masks = [(False, False), (True, False)] + ([(False, True)] if arch == "sm_90a" else [])
+                masks = ([(False, False), (True, False)]
+                         + ([(False, True)] if arch == "sm_90a" else []))
                 for causal, local in masks:
                     for sched in SCHEDULERS_BY_ARCH[arch]:
                         yield KernelConfig(arch, dtype, hd, causal, sched, local=local)

@@ -162,8 +162,13 @@ def num_n_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k
 # 8k +2 %, 16k +2 % (rows seeing S / 2 keys on average). Since the wide tile writes O through
 # an O buffer of its own (v20), 176 against 128 keys: S = 4k -0.8 %, 5k +2.0 %, 6k +3.4 %,
 # packed documents zipf +2.3 % (rows seeing ~2.7k keys by varlen_length), 8 x 4k +0.8 %,
-# 12 x 3k +0.9 %: the threshold moved from 3,072 to 2,560 keys.
-LONG_KV_KEYS = 2560
+# 12 x 3k +0.9 %: the threshold moved from 3,072 to 2,560 keys. With the first key block cut
+# to the columns its rows see (v28) and the causal wide tile on 160 keys (v31), 160 against 128
+# keys, in-process, two runs (v32): S = 1k -5 %, 1.5k -1 %, 2k +0.8 %, 2.5k +0.5 / +3.7 %,
+# 3k +2 %, 4k +3.2 / +4.1 %, packed 16 x 2k +2.0 / +2.4 %, 32 x 1k -0.3 / -0.8 %; alone at the
+# power cap the same time from 2k up (2k -0.3 %, 16 x 2k -0.2 %, 4k +0.6 %), 1.5k -2.3 %: the
+# threshold moved from 2,560 to 1,024 keys.
+LONG_KV_KEYS = 1024
 
 
 def prefer_long_kv(seqlen_q: float, seqlen_k: float) -> bool:

@@ -72,11 +72,13 @@ def test_schedulers_bitwise_identical(shape, causal, d):
         assert torch.equal(o, outs[0]), f"{s} differs from single"
 
 
-@pytest.mark.parametrize("shape", [(1, 8193, 8193, 2, 2), (2, 700, 6000, 4, 1)],
+@pytest.mark.parametrize("shape", [(1, 8193, 8193, 2, 2), (2, 700, 6000, 4, 1),
+                                   (3, 2048, 2048, 2, 2)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_long_kv_causal_kernels(shape):
-    """Causal hd128 calls whose rows see >= 4k keys on average run on the wide-n (160-key)
-    alternative, with every scheduler (so the bits do not depend on the scheduler)."""
+    """Causal hd128 calls whose rows see >= 1,024 keys on average (schedule.LONG_KV_KEYS) run
+    on the wide-n (160-key) alternative, with every scheduler (so the bits do not depend on
+    the scheduler)."""
     from fa4_aot import interface
     from fa4_aot.configs import TILES_LONG_KV
     n = TILES_LONG_KV["sm_90a"][128].n
@@ -102,6 +104,7 @@ def test_edge_width_first_block(causal, tail):
     from fa4_aot import interface
     from fa4_aot.configs import TILES_LONG_KV, TILES_WIDE_N
     from fa4_aot.decode import use_decode_kernels
+    from fa4_aot.schedule import prefer_long_kv
     n = (TILES_LONG_KV if causal else TILES_WIDE_N)["sm_90a"][128].n
     tail = tail or n
     for sq, sk in ((200, n * 3 + tail), (tail, tail), (n * 30 + tail,) * 2,
@@ -110,7 +113,7 @@ def test_edge_width_first_block(causal, tail):
         for s in SCHEDS:
             interface.clear_memo()
             outs.append(_run_and_check(1, sq, sk, 2, 2, 128, torch.bfloat16, causal, s))
-            if s == "single" and (not causal or sk > 5000):  # schedule.prefer_long_kv
+            if s == "single" and (not causal or prefer_long_kv(sq, sk)):
                 (kl,) = memo_plan().launches
                 assert kl.record["launch"]["tile"]["n"] == n, kl.name
         # Short queries take the decode kernels under steal (see the test above).
@@ -417,8 +420,10 @@ def test_torch_compile_fullgraph():
 
 
 def test_trace_capture():
+    """The traced call gives the untraced call's bits where both run the 128-key tile (rows
+    seeing fewer than schedule.LONG_KV_KEYS keys: the trace kernels have no wide-n form)."""
     from fa4_aot.trace import capture
-    q = torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(2, 1536, 8, 128, device="cuda", dtype=torch.bfloat16)
     for sched in SCHEDS:
         out, tr, meta = capture(q, q, q, scheduler=sched)
         assert tr.shape == (meta["num_m_blocks"] * 8 * 2, 4)

@@ -645,9 +645,9 @@ def _dense_launch(monkeypatch, shape: dict, **kw):
 @pytest.mark.parametrize("sq,sk,causal,kw,n", [
     (1024, 1024, False, {}, 176),                 # non-causal hd128: always the wide-n tile
     (1024, 1024, False, {"scheduler": "single"}, 176),
-    (2048, 2048, True, {}, 128),                  # causal: rows see 1k keys on average
-    (8192, 8192, True, {}, 160),                  # 4k: the wide-n alternative (160 keys)
-    (4096, 4096, True, {}, 128),                  # 2k: not yet
+    (1536, 1536, True, {}, 128),                  # causal: rows see 768 keys on average
+    (2048, 2048, True, {}, 160),                  # 1,024: the wide-n alternative (160 keys)
+    (8192, 8192, True, {}, 160),
     (8192, 8192, True, {"scheduler": "single"}, 160),  # every scheduler: the same tile
     (8192, 8192, True, {"scheduler": "static"}, 160),
     (8192, 8192, True, {"softcap": 30.0}, 160),
@@ -664,15 +664,16 @@ def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
 
 
 @pytest.mark.parametrize("lens,n", [([8192] * 3, 160), ([6144] * 4, 160),
-                                    ([16384] + [512] * 32, 160), ([4096] * 8, 128),
-                                    ([3072] * 12, 128), ([2048] * 16, 128),
+                                    ([16384] + [512] * 32, 160), ([4096] * 8, 160),
+                                    ([2048] * 16, 160), ([1536] * 16, 128),
+                                    ([1024] * 32, 128), ([1024] * 31 + [4096], 128),
                                     (list(ZIPF_DOCS), 160)])
 def test_varlen_wide_n_on_the_token_weighted_length(monkeypatch, lens, n):
     """Causal varlen calls take the wide-n tile on schedule.varlen_length (the length of an
     average token's document, from the totals and max_seqlen), not the mean document length:
-    16k + 32 x 512 (mean 993, 8,448 by tokens) ran 2.5 % faster on it, 12 x 3k 1.3 % slower
-    (docs/perf-notes.md v18); the zipf mix (5,398 by the estimate, its rows seeing 2,699 keys)
-    2.3 % faster on it than on 128 keys since the wide tile has its O buffer (v20)."""
+    16k + 32 x 512 (mean 993, 8,448 by tokens) ran 2.5 % faster on it (docs/perf-notes.md
+    v18); since v32 from rows of 1,024 keys (16 x 2k +2 % on it, 32 x 1k -0.3 to -0.8 %); one
+    4k document among 31 of 1k (1,375 by tokens, 687 keys a row) stays on 128 keys."""
     kl = _causal_varlen_launch(monkeypatch, lens, heads=2)
     assert kl.record["launch"]["tile"]["n"] == n, kl.name
 
