@@ -36,9 +36,9 @@ def profile_once(calls, warmups=3):
     torch.cuda.profiler.stop()
 
 
-def calls_for(argv):
-    """``{provider: call}`` for ``B H S D [causal]`` (dense) or ``docs LENS H D [causal]``
-    (packed documents, varlen calls of both): FA4 first when importable, then fa4_aot."""
+def inputs_for(argv):
+    """``(q, k, v, causal, kw)`` for ``B H S D [causal]`` (dense) or ``docs LENS H D [causal]``
+    (packed documents: ``kw`` holds the varlen arguments), bf16 on the GPU."""
     if argv[0] == "docs":
         lens = doc_lens(argv[1])
         h, d = int(argv[2]), int(argv[3])
@@ -49,14 +49,20 @@ def calls_for(argv):
                           device="cuda")
         kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
                   max_seqlen_k=max(lens))
-        fa4 = flash_attn_varlen_func
     else:
         b, h, s, d = (int(x) for x in argv[:4])
         causal = len(argv) > 4 and argv[4] == "causal"
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
         kw = {}
-        fa4 = flash_attn_func
+    return q, k, v, causal, kw
+
+
+def calls_for(argv):
+    """``{provider: call}`` on :func:`inputs_for`'s inputs (varlen calls of both for packed
+    documents): FA4 first when importable, then fa4_aot."""
+    q, k, v, causal, kw = inputs_for(argv)
+    fa4 = flash_attn_varlen_func if kw else flash_attn_func
     calls = {}
     if fa4 is not None:
         calls["fa4"] = lambda: fa4(q, k, v, causal=causal, **kw)

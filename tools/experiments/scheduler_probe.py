@@ -13,7 +13,6 @@ at the power cap (docs/perf-notes.md v32).
 
 import argparse
 import functools
-import itertools
 import sys
 from pathlib import Path
 
@@ -21,29 +20,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fa4_aot  # noqa: E402
-from bench.benchlib import doc_lens  # noqa: E402
+from fa4_aot.configs import SCHEDULERS_BY_ARCH  # noqa: E402
 from tools.experiments.power_probe import sustained  # noqa: E402
-from tools.experiments.prefill_ncu_probe import profile_once  # noqa: E402
+from tools.experiments.prefill_ncu_probe import inputs_for, profile_once  # noqa: E402
 
-SCHEDULERS = ("single", "static", "steal")
+SCHEDULERS = SCHEDULERS_BY_ARCH["sm_90a"]
 
 
 def scheduler_calls(shape):
-    """``{scheduler: call}`` for ``B H S D [causal]`` or ``docs LENS H D [causal]``."""
-    causal = shape[-1] == "causal"
-    if shape[0] == "docs":
-        lens = doc_lens(shape[1])
-        h, d = int(shape[2]), int(shape[3])
-        q, k, v = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
-        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
-        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
-                  max_seqlen_k=max(lens))
-    else:
-        b, h, s, d = (int(x) for x in shape[:4])
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
-        kw = {}
+    """``{scheduler: call}`` on prefill_ncu_probe's inputs (``B H S D [causal]`` or ``docs LENS
+    H D [causal]``), one set for all three."""
+    q, k, v, causal, kw = inputs_for(shape)
     return {s: functools.partial(fa4_aot.attention, q, k, v, causal=causal, scheduler=s, **kw)
             for s in SCHEDULERS}
 
