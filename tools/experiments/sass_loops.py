@@ -1,0 +1,93 @@
+"""The loops of a kernel's SASS: length, instruction mix, and the order of the instructions that
+pace a key block (wgmma issue and waits, barriers, exponentials, conversions), runs compressed.
+
+    cuobjdump -sass artifacts/sm_90a/<kernel>.cubin > k.sass   # the build's cuobjdump, with
+                                                              # its nvdisasm on PATH
+    python tools/experiments/sass_loops.py k.sass [--min 400]
+
+One line per backward branch whose body has at least ``--min`` instructions, e.g. the unmasked
+key-block loop of the 160-key causal kernel (docs/perf-notes.md v33):
+
+    559 instr  FMNMX 84, FFMA 84, MUFU 82, FADD 78, ...
+      TRYW BAR HGMMAx8 TRYW HGMMAx10 BAR DEPBAR.1 ARV DEPBAR.0 ARV FFMAx20 MUFU ...
+
+(``TRYW``: an mbarrier try-wait, ``ARV``: an mbarrier arrive, ``DEPBAR.N``: wgmma.wait_group N,
+``BAR``: a named barrier.) Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import re
+import sys
+
+PACING = ("HGMMA", "WARPGROUP.DEPBAR", "MUFU", "F2FP", "BAR.", "SHFL", "SYNCS", "FFMA", "FADD",
+          "VOTE")
+
+
+def instructions(text: str) -> list[tuple[int, str]]:
+    """(address, instruction text without the trailing ';') of each line of cuobjdump -sass."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
+def opcode(ins: str) -> str:
+    """``@!P0 SYNCS.ARRIVE.TRANS64 ...`` -> ``SYNCS.ARRIVE.TRANS64``."""
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
+
+
+def loops(ins: list[tuple[int, str]], min_len: int) -> list[tuple[int, int]]:
+    """(first, last) indices of each innermost backward branch's body of at least ``min_len``
+    instructions (a body that holds another loop is left out: the tile loop, and the spans of
+    the retry stubs at the kernel's end that branch back into it)."""
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for i, (a, t) in enumerate(ins):
+        m = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", t)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+            start = at[int(m.group(1), 16)]
+            found.append((start, i))
+    inner = [(s, e) for s, e in found
+             if not any((s2, e2) != (s, e) and s <= s2 and e2 <= e for s2, e2 in found)]
+    return [(s, e) for s, e in inner if e - s + 1 >= min_len]
+
+
+def pacing_order(body: list[tuple[int, str]]) -> str:
+    """The pacing instructions of ``body`` in order, runs of one kind as ``KINDxN``."""
+    seq = []
+    for _, t in body:
+        op = opcode(t)
+        if not op.startswith(PACING):
+            continue
+        if op.startswith("WARPGROUP.DEPBAR"):
+            seq.append("DEPBAR." + t.split()[-1].replace("0x", ""))
+        elif op.startswith("SYNCS"):
+            seq.append("ARV" if "ARRIVE" in op else "TRYW")
+        else:
+            seq.append(op.split(".")[0])
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(seq)]
+    return " ".join(k if n == 1 else f"{k}x{n}" for k, n in runs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sass", help="cuobjdump -sass output")
+    ap.add_argument("--min", type=int, default=400, help="shortest loop body shown")
+    a = ap.parse_args(argv)
+    ins = instructions(open(a.sass).read())
+    for first, last in loops(ins, a.min):
+        body = ins[first:last + 1]
+        mix = collections.Counter(opcode(t).split(".")[0] for _, t in body)
+        print(f"{len(body)} instr  " + ", ".join(f"{k} {n}" for k, n in mix.most_common(8)))
+        print("  " + pacing_order(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
