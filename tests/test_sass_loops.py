@@ -12,7 +12,7 @@ def _sass(lines):
     return "\n".join(out) + "\n"
 
 
-# An outer loop (0x0..0xa0) around an inner one (0x10..0x90), then a retry stub that branches
+# An outer loop (0x00..0x90) around an inner one (0x10..0x80), then a retry stub that branches
 # back into the inner loop from the end, as ptxas lays out mbarrier waits.
 LISTING = _sass([
     "S2R R0, SR_TID.X",                                        # 0x00, outer loop head

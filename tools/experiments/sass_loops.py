@@ -5,11 +5,12 @@ pace a key block (wgmma issue and waits, barriers, exponentials, conversions), r
                                                               # its nvdisasm on PATH
     python tools/experiments/sass_loops.py k.sass [--min 400]
 
-One line per backward branch whose body has at least ``--min`` instructions, e.g. the unmasked
-key-block loop of the 160-key causal kernel (docs/perf-notes.md v33):
+Two lines per innermost loop of at least ``--min`` instructions, e.g. the unmasked key-block
+loop of the 160-key causal kernel, where the wait for the PV wgmma (``DEPBAR.0``) comes right
+after the row max's shuffles, before any exponential (docs/perf-notes.md v33):
 
-    559 instr  FMNMX 84, FFMA 84, MUFU 82, FADD 78, ...
-      TRYW BAR HGMMAx8 TRYW HGMMAx10 BAR DEPBAR.1 ARV DEPBAR.0 ARV FFMAx20 MUFU ...
+    559 instr  FMNMX 84, FFMA 84, MUFU 82, FADD 78, FMUL 66, F2FP 40, UMOV 29, UIADD3 24
+      TRYW BAR HGMMAx8 TRYW HGMMAx10 BAR DEPBAR.1 ARV SHFLx2 DEPBAR.0 ARV FFMAx2 SHFL ...
 
 (``TRYW``: an mbarrier try-wait, ``ARV``: an mbarrier arrive, ``DEPBAR.N``: wgmma.wait_group N,
 ``BAR``: a named barrier.) Stdlib only.
