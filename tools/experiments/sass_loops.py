@@ -13,7 +13,7 @@ after the row max's shuffles, before any exponential (docs/perf-notes.md v33):
       TRYW BAR HGMMAx8 TRYW HGMMAx10 BAR DEPBAR.1 ARV SHFLx2 DEPBAR.0 ARV FFMAx2 SHFL ...
 
 (``TRYW``: an mbarrier try-wait, ``ARV``: an mbarrier arrive, ``DEPBAR.N``: wgmma.wait_group N,
-``BAR``: a named barrier.) Stdlib only.
+``BAR``: a named barrier.) Stdlib and the build's own SASS line pattern only.
 """
 
 from __future__ import annotations
@@ -23,51 +23,45 @@ import collections
 import itertools
 import re
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from build_tools.inspect_cubin import _SASS_INSN_RE  # noqa: E402
 
 PACING = ("HGMMA", "WARPGROUP.DEPBAR", "MUFU", "F2FP", "BAR.", "SHFL", "SYNCS", "FFMA", "FADD",
           "VOTE")
 
 
-def instructions(text: str) -> list[tuple[int, str]]:
-    """(address, instruction text without the trailing ';') of each line of cuobjdump -sass."""
-    out = []
-    for line in text.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            out.append((int(m.group(1), 16), m.group(2).strip()))
-    return out
+def instructions(text: str) -> list[tuple[int, str, str]]:
+    """(address, opcode with its modifiers, operands) of each instruction of cuobjdump -sass
+    (the line format the build's SASS inspection reads, ``inspect_cubin._SASS_INSN_RE``)."""
+    return [(int(m["addr"], 16), m["op"], m["args"].strip())
+            for m in map(_SASS_INSN_RE.match, text.splitlines()) if m]
 
 
-def opcode(ins: str) -> str:
-    """``@!P0 SYNCS.ARRIVE.TRANS64 ...`` -> ``SYNCS.ARRIVE.TRANS64``."""
-    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
-
-
-def loops(ins: list[tuple[int, str]], min_len: int) -> list[tuple[int, int]]:
+def loops(ins: list[tuple[int, str, str]], min_len: int) -> list[tuple[int, int]]:
     """(first, last) indices of each innermost backward branch's body of at least ``min_len``
     instructions (a body that holds another loop is left out: the tile loop, and the spans of
     the retry stubs at the kernel's end that branch back into it)."""
-    at = {a: i for i, (a, _) in enumerate(ins)}
+    at = {a: i for i, (a, _, _) in enumerate(ins)}
     found = []
-    for i, (a, t) in enumerate(ins):
-        m = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", t)
+    for i, (a, op, args) in enumerate(ins):
+        m = re.search(r"0x([0-9a-f]+)", args) if op.startswith("BRA") else None
         if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
-            start = at[int(m.group(1), 16)]
-            found.append((start, i))
+            found.append((at[int(m.group(1), 16)], i))
     inner = [(s, e) for s, e in found
              if not any((s2, e2) != (s, e) and s <= s2 and e2 <= e for s2, e2 in found)]
     return [(s, e) for s, e in inner if e - s + 1 >= min_len]
 
 
-def pacing_order(body: list[tuple[int, str]]) -> str:
+def pacing_order(body: list[tuple[int, str, str]]) -> str:
     """The pacing instructions of ``body`` in order, runs of one kind as ``KINDxN``."""
     seq = []
-    for _, t in body:
-        op = opcode(t)
+    for _, op, args in body:
         if not op.startswith(PACING):
             continue
         if op.startswith("WARPGROUP.DEPBAR"):
-            seq.append("DEPBAR." + t.split()[-1].replace("0x", ""))
+            seq.append("DEPBAR." + args.split()[-1].replace("0x", ""))
         elif op.startswith("SYNCS"):
             seq.append("ARV" if "ARRIVE" in op else "TRYW")
         else:
@@ -84,7 +78,7 @@ def main(argv=None) -> int:
     ins = instructions(open(a.sass).read())
     for first, last in loops(ins, a.min):
         body = ins[first:last + 1]
-        mix = collections.Counter(opcode(t).split(".")[0] for _, t in body)
+        mix = collections.Counter(op.split(".")[0] for _, op, _ in body)
         print(f"{len(body)} instr  " + ", ".join(f"{k} {n}" for k, n in mix.most_common(8)))
         print("  " + pacing_order(body))
     return 0
