@@ -8,8 +8,9 @@ on N GPUs against single-GPU fa4_aot on the same total problem.
 
 Default problem: 1 x 128k tokens, 16 heads, hd128, bf16, causal. Every rank builds the whole
 problem from one seed and takes its zigzag shard (fa4_aot.distributed.shard).
-Time: CUDA events around ``iters`` back-to-back calls / iters, after a barrier, median over
-``repeats`` taken round the providers in turn (``benchlib.round_order``). The CP time
+Time: CUDA events around ``iters`` back-to-back calls / iters, after a barrier, ``repeats``
+times, taken round the providers in turn (``benchlib.round_order``), summarised by
+``benchlib.balanced_median`` (as bench_fwd.py's; ``ms_median``: the plain median). The CP time
 of a repeat is the slowest rank's; the single-GPU time is the fastest rank's (every rank times
 the whole problem on its own GPU at the same moment), so the scaling efficiency is not
 flattered. TFLOP/s = 4*B*H*D*(visible (q, k) pairs) / t (causal: S(S+1)/2 pairs), for CP the
@@ -286,18 +287,18 @@ def main(argv=None):
         fns[p]()
     _sync(dev)
 
-    times = {p: [] for p in provs}
-    for rep in range(a.repeats):
-        order = bl.round_order(provs, rep)
-        for p in order:
-            dist.barrier()
-            _sync(dev)
-            ms = time_calls(fns[p], a.iters, dev)
-            t = torch.tensor([ms if p != "fa4_aot" else -ms], device=dev, dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # CP: slowest rank; single: fastest rank
-            times[p].append(abs(t.item()))
-    for p in provs:
-        results[p]["ms"] = statistics.median(times[p])
+    def turn(p):
+        dist.barrier()
+        _sync(dev)
+        ms = time_calls(fns[p], a.iters, dev)
+        t = torch.tensor([ms if p != "fa4_aot" else -ms], device=dev, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # CP: slowest rank; single: fastest rank
+        return abs(t.item())
+
+    timed = bl.timed_rounds(provs, a.repeats, turn, first_after=provs[-1])
+    for p, (times, after) in timed.items():
+        results[p]["ms"] = bl.balanced_median(times, after)
+        results[p]["ms_median"] = statistics.median(times)
 
     t1 = results["fa4_aot"].get("ms")
     scaling = {}

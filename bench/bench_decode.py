@@ -9,8 +9,9 @@ B=8 x 32k keys, B=1 x 128k keys; seqlen_q 1 and 4; GQA 32 query / 8 KV heads and
 Each row records ``kv_bytes`` (bytes of K and V read once) and, per provider, the time, the
 achieved bandwidth kv_bytes / t (TB/s) and TFLOP/s (4 * H * D * visible pairs / t).
 
-Timing: CUDA events around ``--iters`` back-to-back calls / iters, median over ``--repeats``,
-the repeats taken round the providers in turn (bench/benchlib.py's round_order). Outputs of
+Timing: CUDA events around ``--iters`` back-to-back calls / iters, ``--repeats`` times, the
+repeats taken round the providers in turn (bench/benchlib.py's round_order); a provider's time
+is benchlib.balanced_median of its repeats (as bench_fwd.py's). Outputs of
 every provider are checked against fa4_aot's (relative max difference, ``!`` when > 2e-2).
 ``--json`` merges the ``decode`` / ``paged`` groups into the file (other groups are kept).
 
@@ -31,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.benchlib import round_order  # noqa: E402
+from bench.benchlib import balanced_median, timed_rounds  # noqa: E402
 
 CASES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (b, sq, sk, 32, hk)
@@ -195,10 +196,11 @@ def run_paged(a):
 
 
 def measure(fns, repeats, iters):
-    """{provider: callable} -> {provider: {"times", "max_diff", "note"}}: every provider's
-    output checked against the first one's (relative max difference), two warm-ups, then the
-    repeats taken round the providers in turn (``round_order``). A provider
-    that raises is recorded with its error and not timed."""
+    """{provider: callable} -> {provider: {"times", "after", "max_diff", "note"}}: every
+    provider's output checked against the first one's (relative max difference), two warm-ups,
+    then the repeats taken round the providers in turn (``benchlib.timed_rounds``; ``after``:
+    the provider that ran just before each repeat). A provider that raises is recorded with its
+    error and not timed."""
     import torch
     res, ok, ref = {}, {}, None
     for p, f in fns.items():
@@ -213,21 +215,24 @@ def measure(fns, repeats, iters):
             ok[p] = f
         except Exception as e:  # noqa: BLE001 - a provider that cannot run this case
             res[p] = {"times": [], "note": f"{type(e).__name__}: {str(e)[:120]}"}
-    order = list(ok)
-    for r in range(repeats):
-        for p in round_order(order, r):
-            res[p]["times"].append(time_calls(ok[p], iters))
+    timed = timed_rounds(list(ok), repeats, lambda p: time_calls(ok[p], iters),
+                         first_after=next(reversed(ok), None))
+    for p, (times, after) in timed.items():
+        res[p]["times"], res[p]["after"] = times, after
     return res
 
 
 def _summarise(res, kvb, flops):
     out = {}
     for p, r in res.items():
-        ms = statistics.median(r["times"]) if r["times"] else None
+        ms = balanced_median(r["times"], r["after"]) if r["times"] else None
         out[p] = {"ms": ms, "us": None if ms is None else round(ms * 1e3, 2),
                   "tb_s": None if ms is None else round(kvb / (ms * 1e-3) / 1e12, 3),
                   "tflops": None if ms is None else round(flops / (ms * 1e-3) / 1e12, 2),
                   "max_diff": r.get("max_diff"), "note": r["note"]}
+        if r["times"]:
+            out[p]["ms_median"] = statistics.median(r["times"])
+            out[p]["samples"] = [[round(t, 6), a] for t, a in zip(r["times"], r["after"])]
     return out
 
 

@@ -14,13 +14,17 @@ sliding window (1024, 0) at S=8192 B=4 hd128, and grouped-query attention (2 x 3
 heads x 8192 x 128, causal and not). 16 heads wherever the anchor table does not say.
 
 TFLOP/s = 4*B*H*Sq*Sk*D / t, causal / window / varlen counting only the unmasked (q, k) pairs,
-computed exactly per document. Time: median over --repeats of (CUDA events around --iters
-back-to-back calls) / iters after warm-up, the repeats taken round the providers in turn, in the
-orders of a Williams design (benchlib.round_order: over 2n rounds for n providers, n when n is
-even, each provider runs in every position and right after every other provider equally often,
-so that clock/power drift and the previous provider's load fall on all alike; --repeats 6
-balances three providers), rotating over up to 4 input sets (so that the inputs are not all
-resident in L2). Every cell is the same call a user makes (host work included).
+computed exactly per document. Time: (CUDA events around --iters back-to-back calls) / iters
+after warm-up, --repeats times, the repeats taken round the providers in turn, in the orders of
+a Williams design (benchlib.round_order: over 2n rounds for n providers, n when n is even, each
+provider runs in every position and right after every other provider equally often, so that
+clock/power drift and the previous provider's load fall on all alike; --repeats 6 balances three
+providers), rotating over up to 4 input sets (so that the inputs are not all resident in L2).
+A provider's time is benchlib.balanced_median of its repeats: the median of the repeats that
+followed each provider, weighted by their number (the load a turn follows moves its time, and
+the median of all repeats then falls between the clusters; the JSON keeps that median as
+ms_median and every repeat with the provider before it as samples). Every cell is the same call
+a user makes (host work included).
 
 Peers: cuDNN = SDPA under sdpa_kernel(CUDNN_ATTENTION); flash = SDPA under
 sdpa_kernel(FLASH_ATTENTION) (the context is entered once around the timed loop, not per call);
@@ -398,7 +402,7 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
     torch = env.torch
     row = bl.Row(case)
     inp = Inputs(case, dtype)
-    outs, fns, samples = {}, {}, {}
+    outs, fns = {}, {}
 
     def failed(prov, res, e):
         msg = (str(e).splitlines() or [type(e).__name__])[0][:300]
@@ -419,20 +423,23 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
                     o = docs_to_packed(o) if isinstance(o, list) else o
                     outs[prov] = o
                 warm_up(fn)
-            fns[prov], samples[prov] = fn, []
+            fns[prov] = fn
         except NotSupported as e:
             res.note = str(e)
         except Exception as e:  # noqa: BLE001 - a provider may reject a shape; keep going
             failed(prov, res, e)
-    for r in range(repeats):
-        for prov in bl.round_order(fns, r):
-            try:
-                with provider_context(prov):
-                    samples[prov].append(time_once(fns[prov], iters))
-            except Exception as e:  # noqa: BLE001
-                failed(prov, row.results[prov], e)
-    for prov in fns:
-        row.results[prov].ms = statistics.median(samples[prov])
+
+    def turn(prov):
+        with provider_context(prov):
+            return time_once(fns[prov], iters)
+
+    timed = bl.timed_rounds(list(fns), repeats, turn, first_after=next(reversed(fns), None),
+                            on_error=lambda prov, e: failed(prov, row.results[prov], e))
+    for prov, (times, after) in timed.items():
+        res = row.results[prov]
+        res.ms = bl.balanced_median(times, after)
+        res.ms_median = statistics.median(times)
+        res.samples = [[round(t, 6), a] for t, a in zip(times, after)]
     if check and outs:
         ref_p = next((p for p in ("cudnn", "flash", "fa4") if p in outs), next(iter(outs)))
         ref = outs[ref_p]

@@ -8,6 +8,7 @@ import csv
 import inspect
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -418,6 +419,55 @@ def test_round_order_is_a_williams_design(n):
     assert bl.balance_note(n, cycle) is None and bl.balance_note(n, 3 * cycle) is None
     if cycle > 1:
         assert f"not a multiple of {cycle}" in bl.balance_note(n, cycle + 1)
+
+
+def test_balanced_median_weighs_each_predecessor_as_the_design_does():
+    """Repeats in two clusters by the provider that ran before (3 after a low-power turn, 3
+    after the others): the plain median falls between the clusters, on the repeats that border
+    them; balanced_median is the clusters' medians weighted by their sizes."""
+    fast, slow = [1.60, 1.62, 1.70], [1.78, 1.80, 1.82]
+    times = [slow[0], fast[0], slow[1], fast[1], slow[2], fast[2]]
+    after = ["b", "c", "b", "c", "a", "c"]  # c: the low-power provider; a, b: the others
+    assert statistics.median(times) == pytest.approx((1.70 + 1.78) / 2)
+    # groups: c -> median 1.62 (3), b -> median 1.79 (2), a -> 1.82 (1)
+    assert bl.balanced_median(times, after) == pytest.approx((3 * 1.62 + 2 * 1.79 + 1.82) / 6)
+    assert bl.balanced_median([3.0, 1.0, 2.0], ["x"] * 3) == 2.0  # one condition: the median
+    with pytest.raises(ValueError):
+        bl.balanced_median([1.0, 2.0], ["x"])
+
+
+def test_timed_rounds_records_the_provider_before_each_repeat():
+    provs = ["p0", "p1", "p2"]
+    seq = []
+
+    def turn(p):
+        seq.append(p)
+        return float(len(seq))
+
+    out = bl.timed_rounds(provs, 6, turn, first_after="p2")  # p2 warmed up last
+    assert seq == [p for r in range(6) for p in bl.round_order(provs, r)]
+    before = dict(zip(range(1, 19), ["p2"] + seq[:-1]))  # turn number -> provider before it
+    for p, (times, after) in out.items():
+        assert len(times) == 6 and after == [before[int(t)] for t in times]
+    # over one cycle, with the warm-up before the first repeat, each provider follows each
+    # other one the same number of times as its peers do (three providers: 3 / 2 / 1 itself
+    # at a round boundary, or 3 / 3)
+    counts = {p: {q: after.count(q) for q in after} for p, (_, after) in out.items()}
+    assert counts == {"p0": {"p2": 3, "p1": 2, "p0": 1}, "p1": {"p2": 3, "p0": 2, "p1": 1},
+                      "p2": {"p0": 3, "p1": 3}}
+
+    def flaky(p):
+        if p == "p1" and len(seq) > 3:
+            raise RuntimeError("gone")
+        return turn(p)
+
+    seq.clear()
+    errors = []
+    out = bl.timed_rounds(provs, 6, flaky, on_error=lambda p, e: errors.append((p, str(e))))
+    assert errors == [("p1", "gone")] and set(out) == {"p0", "p2"}
+    assert all(len(t) == 6 for t, _ in out.values())
+    with pytest.raises(RuntimeError):
+        bl.timed_rounds(provs, 6, flaky)
 
 
 def test_power_probe_smi_means():
