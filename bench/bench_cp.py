@@ -8,9 +8,8 @@ on N GPUs against single-GPU fa4_aot on the same total problem.
 
 Default problem: 1 x 128k tokens, 16 heads, hd128, bf16, causal. Every rank builds the whole
 problem from one seed and takes its zigzag shard (fa4_aot.distributed.shard).
-Time: CUDA events around ``iters`` back-to-back calls / iters, after a barrier, ``repeats``
-times, taken round the providers in turn (``benchlib.round_order``), summarised by
-``benchlib.balanced_median`` (as bench_fwd.py's; ``ms_median``: the plain median). The CP time
+Time: CUDA events around ``iters`` back-to-back calls / iters, after a barrier, median over
+``repeats`` taken round the providers in turn (``benchlib.round_order``). The CP time
 of a repeat is the slowest rank's; the single-GPU time is the fastest rank's (every rank times
 the whole problem on its own GPU at the same moment), so the scaling efficiency is not
 flattered. TFLOP/s = 4*B*H*D*(visible (q, k) pairs) / t (causal: S(S+1)/2 pairs), for CP the
@@ -297,8 +296,8 @@ def main(argv=None):
 
     timed = bl.timed_rounds(provs, a.repeats, turn, first_after=provs[-1])
     for p, (times, after) in timed.items():
-        results[p]["ms"] = bl.balanced_median(times, after)
-        results[p]["ms_median"] = statistics.median(times)
+        results[p]["ms"] = statistics.median(times)
+        results[p]["samples"] = [[round(t, 6), b] for t, b in zip(times, after)]
 
     t1 = results["fa4_aot"].get("ms")
     scaling = {}

@@ -9,9 +9,9 @@ B=8 x 32k keys, B=1 x 128k keys; seqlen_q 1 and 4; GQA 32 query / 8 KV heads and
 Each row records ``kv_bytes`` (bytes of K and V read once) and, per provider, the time, the
 achieved bandwidth kv_bytes / t (TB/s) and TFLOP/s (4 * H * D * visible pairs / t).
 
-Timing: CUDA events around ``--iters`` back-to-back calls / iters, ``--repeats`` times, the
-repeats taken round the providers in turn (bench/benchlib.py's round_order); a provider's time
-is benchlib.balanced_median of its repeats (as bench_fwd.py's). Outputs of
+Timing: CUDA events around ``--iters`` back-to-back calls / iters, median over ``--repeats``,
+the repeats taken round the providers in turn (bench/benchlib.py's round_order; ``samples``:
+each repeat with the provider that ran just before it). Outputs of
 every provider are checked against fa4_aot's (relative max difference, ``!`` when > 2e-2).
 ``--json`` merges the ``decode`` / ``paged`` groups into the file (other groups are kept).
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.benchlib import balanced_median, timed_rounds  # noqa: E402
+from bench.benchlib import timed_rounds  # noqa: E402
 
 CASES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (b, sq, sk, 32, hk)
@@ -225,13 +225,12 @@ def measure(fns, repeats, iters):
 def _summarise(res, kvb, flops):
     out = {}
     for p, r in res.items():
-        ms = balanced_median(r["times"], r["after"]) if r["times"] else None
+        ms = statistics.median(r["times"]) if r["times"] else None
         out[p] = {"ms": ms, "us": None if ms is None else round(ms * 1e3, 2),
                   "tb_s": None if ms is None else round(kvb / (ms * 1e-3) / 1e12, 3),
                   "tflops": None if ms is None else round(flops / (ms * 1e-3) / 1e12, 2),
                   "max_diff": r.get("max_diff"), "note": r["note"]}
         if r["times"]:
-            out[p]["ms_median"] = statistics.median(r["times"])
             out[p]["samples"] = [[round(t, 6), a] for t, a in zip(r["times"], r["after"])]
     return out
 

@@ -14,17 +14,14 @@ sliding window (1024, 0) at S=8192 B=4 hd128, and grouped-query attention (2 x 3
 heads x 8192 x 128, causal and not). 16 heads wherever the anchor table does not say.
 
 TFLOP/s = 4*B*H*Sq*Sk*D / t, causal / window / varlen counting only the unmasked (q, k) pairs,
-computed exactly per document. Time: (CUDA events around --iters back-to-back calls) / iters
-after warm-up, --repeats times, the repeats taken round the providers in turn, in the orders of
-a Williams design (benchlib.round_order: over 2n rounds for n providers, n when n is even, each
-provider runs in every position and right after every other provider equally often, so that
-clock/power drift and the previous provider's load fall on all alike; --repeats 6 balances three
-providers), rotating over up to 4 input sets (so that the inputs are not all resident in L2).
-A provider's time is benchlib.balanced_median of its repeats: the median of the repeats that
-followed each provider, weighted by their number (the load a turn follows moves its time, and
-the median of all repeats then falls between the clusters; the JSON keeps that median as
-ms_median and every repeat with the provider before it as samples). Every cell is the same call
-a user makes (host work included).
+computed exactly per document. Time: median over --repeats of (CUDA events around --iters
+back-to-back calls) / iters after warm-up, the repeats taken round the providers in turn, in the
+orders of a Williams design (benchlib.round_order: over 2n rounds for n providers, n when n is
+even, each provider runs in every position and right after every other provider equally often,
+so that clock/power drift and the previous provider's load fall on all alike; --repeats 6
+balances three providers), rotating over up to 4 input sets (so that the inputs are not all
+resident in L2). The JSON keeps every repeat with the provider that ran just before it
+(samples). Every cell is the same call a user makes (host work included).
 
 Peers: cuDNN = SDPA under sdpa_kernel(CUDNN_ATTENTION); flash = SDPA under
 sdpa_kernel(FLASH_ATTENTION) (the context is entered once around the timed loop, not per call);
@@ -437,8 +434,7 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
                             on_error=lambda prov, e: failed(prov, row.results[prov], e))
     for prov, (times, after) in timed.items():
         res = row.results[prov]
-        res.ms = bl.balanced_median(times, after)
-        res.ms_median = statistics.median(times)
+        res.ms = statistics.median(times)
         res.samples = [[round(t, 6), a] for t, a in zip(times, after)]
     if check and outs:
         ref_p = next((p for p in ("cudnn", "flash", "fa4") if p in outs), next(iter(outs)))

@@ -28,12 +28,10 @@ from pathlib import Path
 
 FORMULA = ("TFLOP/s = 4*B*H*Sq*Sk*D / t; causal / window / varlen count only the unmasked (q,k) "
            "pairs, exactly, per document (bottom-right aligned, FA convention)")
-TIMING = ("CUDA events around N back-to-back calls / N, after warm-up, rotating over up to 4 input "
-          "sets so that inputs are not all L2-resident; the repeats go round the providers in "
-          "turn, in the orders of a Williams design (see round_order); a provider's time is "
-          "balanced_median of its repeats: the median of its repeats after each provider that "
-          "ran just before, weighted by their number (ms_median: the plain median; samples: "
-          "[ms, provider before] of each repeat)")
+TIMING = ("median over repeats of (CUDA events around N back-to-back calls) / N, after warm-up, "
+          "rotating over up to 4 input sets so that inputs are not all L2-resident; the repeats "
+          "go round the providers in turn, in the orders of a Williams design (see round_order); "
+          "samples: [ms, provider that ran just before] of each repeat")
 
 
 def round_order(providers, r):
@@ -63,27 +61,6 @@ def round_order(providers, r):
     if n % 2:
         rows += [row[::-1] for row in rows]
     return [providers[i] for i in rows[r % len(rows)]]
-
-
-def balanced_median(times, after) -> float:
-    """A provider's time from its repeats ``times``, each taken right after provider
-    ``after[i]`` ran (its previous turn in the round order; for the first repeat, the last
-    provider warmed up): the repeats grouped by that provider, the median of each group, the
-    groups weighted by their number of repeats.
-
-    Why not the median of all repeats: the load a turn follows moves its time (near the power
-    cap, a turn after a low-power one starts at a higher clock), and the Williams order puts
-    each provider after each other one equally often, so a provider's repeats are a balanced
-    mixture of those conditions. Where they differ, the repeats come in clusters, and the
-    median of all of them falls between the clusters, on whichever repeats border them, so it
-    moves from run to run by up to the clusters' distance (docs/perf-notes.md v34: packed
-    documents with cuDNN's per-document loop in the rotation, 8-9 % between the clusters).
-    The median of each condition, weighted as the design weighs the conditions, estimates
-    what the design balances; with one condition it is the plain median."""
-    groups: dict = {}
-    for t, a in zip(times, after, strict=True):
-        groups.setdefault(a, []).append(t)
-    return sum(len(g) * statistics.median(g) for g in groups.values()) / len(times)
 
 
 def timed_rounds(providers, repeats, time_turn, first_after=None, on_error=None):
@@ -437,12 +414,11 @@ class Result:
     error: str = ""  # the full exception text when the provider raised (note has its type)
     us_per_call: float | None = None  # host group: host clock per call, sync at the end
     enqueue_us: float | None = None  # host group: the same before the sync
-    ms_median: float | None = None  # the plain median of the repeats (ms: balanced_median)
     samples: list | None = None  # [ms, provider that ran just before] of each repeat
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("us_per_call", "enqueue_us", "ms_median", "samples"):  # where measured only
+        for k in ("us_per_call", "enqueue_us", "samples"):  # where measured only
             if d[k] is None:
                 del d[k]
         return d
@@ -606,7 +582,7 @@ def rows_from_json(doc: dict) -> tuple[list[Row], list[str]]:
         for p, r in d["providers"].items():
             row.results[p] = Result(**{k: r[k] for k in ("ms", "method", "note", "max_diff",
                                                           "mismatch", "error", "us_per_call",
-                                                          "enqueue_us", "ms_median", "samples")
+                                                          "enqueue_us", "samples")
                                        if k in r})
         rows.append(row)
     return rows, list(doc["providers"])

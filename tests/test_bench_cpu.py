@@ -8,7 +8,6 @@ import csv
 import inspect
 import json
 import math
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -419,21 +418,6 @@ def test_round_order_is_a_williams_design(n):
     assert bl.balance_note(n, cycle) is None and bl.balance_note(n, 3 * cycle) is None
     if cycle > 1:
         assert f"not a multiple of {cycle}" in bl.balance_note(n, cycle + 1)
-
-
-def test_balanced_median_weighs_each_predecessor_as_the_design_does():
-    """Repeats in two clusters by the provider that ran before (3 after a low-power turn, 3
-    after the others): the plain median falls between the clusters, on the repeats that border
-    them; balanced_median is the clusters' medians weighted by their sizes."""
-    fast, slow = [1.60, 1.62, 1.70], [1.78, 1.80, 1.82]
-    times = [slow[0], fast[0], slow[1], fast[1], slow[2], fast[2]]
-    after = ["b", "c", "b", "c", "a", "c"]  # c: the low-power provider; a, b: the others
-    assert statistics.median(times) == pytest.approx((1.70 + 1.78) / 2)
-    # groups: c -> median 1.62 (3), b -> median 1.79 (2), a -> 1.82 (1)
-    assert bl.balanced_median(times, after) == pytest.approx((3 * 1.62 + 2 * 1.79 + 1.82) / 6)
-    assert bl.balanced_median([3.0, 1.0, 2.0], ["x"] * 3) == 2.0  # one condition: the median
-    with pytest.raises(ValueError):
-        bl.balanced_median([1.0, 2.0], ["x"])
 
 
 def test_timed_rounds_records_the_provider_before_each_repeat():
