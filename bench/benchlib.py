@@ -36,19 +36,39 @@ TIMING = ("median over repeats of (CUDA events around N back-to-back calls) / N,
 
 def round_order(providers, r):
     """The order in which round ``r`` of a benchmark times its providers: row ``r`` (cyclically)
-    of a Williams design. Over one cycle (2n rows for n providers, n when n is even) every
-    provider takes every position equally often and runs right after every other provider
-    equally often, so neither the position nor the provider that ran before favours anyone.
-    Near the GPU's power cap that matters: a kernel's clock depends on the load that ran
-    before it (100 ms of its own calls first did not undo that), and with three providers in
-    the old order (reversed every other round) the middle one followed the low-power cuDNN
-    turn in every other round and gained up to 10 % on packed documents (docs/perf-notes.md
-    v24). Two providers: A B, B A, as before.
+    of a Williams design (:func:`_williams_rows`). Over one cycle (2n rows for n providers, n
+    when n is even) every provider takes every position equally often and runs right after
+    every other provider equally often, so neither the position nor the provider that ran
+    before favours anyone. Near the GPU's power cap that matters: a kernel's clock depends on
+    the load that ran before it (100 ms of its own calls first did not undo that), and with
+    three providers in the old order (reversed every other round) the middle one followed the
+    low-power cuDNN turn in every other round and gained up to 10 % on packed documents
+    (docs/perf-notes.md v24). Two providers: A B, B A, as before.
     """
     providers = list(providers)
-    n = len(providers)
-    if n < 2:
+    if len(providers) < 2:
         return providers
+    rows = _williams_rows(len(providers))
+    return [providers[i] for i in rows[r % len(rows)]]
+
+
+@functools.lru_cache(maxsize=None)
+def _williams_rows(n: int) -> tuple:
+    """The rows of :func:`round_order` for ``n >= 2`` providers: rows i = 0..n-1 are
+    ``(x + i) % n`` for x in 0, 1, n-1, 2, n-2, ...; for odd n the n rows reversed follow.
+
+    The rows run back to back, so a row's last provider is the next row's first one's
+    predecessor too. With odd n the cycle's rows are put in an order in which no provider ends
+    one row and starts the next (then it would run two turns in a row, and which load came
+    before that pair would differ by provider: in the rows' plain order, three providers
+    P0 P1 P2, P0's pair followed P1's turn and P1's followed P2's; docs/perf-notes.md v34), and
+    no pair of providers meets across two row boundaries when it need not: for three providers
+    every ordered pair then follows each other three times in the cycle, and nobody follows
+    itself. The last row ends with the last provider, as the warm-up before the first round
+    does (the providers in their order), so the first round starts as every later cycle does.
+    Even n > 2 has no such boundary (its rows' order is the plain one); n = 2 keeps A B, B A
+    (each provider runs twice in a row once a cycle, after the other one's turn: the same for
+    both)."""
     first, lo, hi = [0], 1, n - 1
     while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
         if len(first) % 2:
@@ -57,10 +77,26 @@ def round_order(providers, r):
         else:
             first.append(hi)
             hi -= 1
-    rows = [[(x + i) % n for x in first] for i in range(n)]
-    if n % 2:
-        rows += [row[::-1] for row in rows]
-    return [providers[i] for i in rows[r % len(rows)]]
+    rows = [tuple((x + i) % n for x in first) for i in range(n)]
+    if n % 2 == 0:
+        return tuple(rows)
+    rows += [row[::-1] for row in rows]
+
+    def chain(seq, pairs):  # depth-first: the rows in a cyclic order with distinct boundaries
+        if len(seq) == len(rows):  # the last row hands over to the first as the warm-up
+            edge = (rows[seq[-1]][-1], rows[seq[0]][0])  # (the providers in their order) does
+            return seq if edge == (n - 1, 0) and edge not in pairs else None
+        for j in range(len(rows)):
+            edge = (rows[seq[-1]][-1], rows[j][0])
+            if j not in seq and edge[0] != edge[1] and edge not in pairs:
+                found = chain(seq + [j], pairs | {edge})
+                if found:
+                    return found
+        return None
+
+    order = chain([0], frozenset())
+    assert order is not None, n
+    return tuple(rows[j] for j in order)
 
 
 def timed_rounds(providers, repeats, time_turn, first_after=None, on_error=None):
