@@ -62,9 +62,8 @@ def _williams_rows(n: int) -> tuple:
     one row and starts the next (then it would run two turns in a row, and which load came
     before that pair would differ by provider: in the rows' plain order, three providers
     P0 P1 P2, P0's pair followed P1's turn and P1's followed P2's; docs/perf-notes.md v34), and
-    no pair of providers meets across two row boundaries when it need not: for three providers
-    every ordered pair then follows each other three times in the cycle, and nobody follows
-    itself. The last row ends with the last provider, as the warm-up before the first round
+    no ordered pair of providers meets at more than one row boundary: for three providers every
+    ordered pair then follows each other three times in the cycle, and nobody follows itself. The last row ends with the last provider, as the warm-up before the first round
     does (the providers in their order), so the first round starts as every later cycle does.
     Even n > 2 has no such boundary (its rows' order is the plain one); n = 2 keeps A B, B A
     (each provider runs twice in a row once a cycle, after the other one's turn: the same for
@@ -83,8 +82,9 @@ def _williams_rows(n: int) -> tuple:
     rows += [row[::-1] for row in rows]
 
     def chain(seq, pairs):  # depth-first: the rows in a cyclic order with distinct boundaries
-        if len(seq) == len(rows):  # the last row hands over to the first as the warm-up
-            edge = (rows[seq[-1]][-1], rows[seq[0]][0])  # (the providers in their order) does
+        if len(seq) == len(rows):
+            # the last row ends with provider n - 1, as the warm-up does, and hands over to 0
+            edge = (rows[seq[-1]][-1], rows[seq[0]][0])
             return seq if edge == (n - 1, 0) and edge not in pairs else None
         for j in range(len(rows)):
             edge = (rows[seq[-1]][-1], rows[j][0])

@@ -79,19 +79,19 @@ def run_mode(mode, calls, filler, n, rounds, soak):
                 fs[name]()
         r += 1
     torch.cuda.synchronize()
-    out = {}
+    out, prev = {}, None
     for r in range(rounds):
-        order = round_order(names, r)
-        for j, name in enumerate(order):
+        for name in round_order(names, r):
             if gap:
                 torch.cuda.synchronize()
                 time.sleep(gap)
             t = timed_turn(fs[name], n)
             if name != "cudnn":
-                before = "cudnn" if j and order[j - 1] == "cudnn" else "other"
                 out.setdefault((name, "all"), []).append(t)
                 if mode == "cudnn":
+                    before = "cudnn" if prev == "cudnn" else "other"
                     out.setdefault((name, f"after {before}"), []).append(t)
+            prev = name
     return out
 
 
