@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from build_tools import toolchain as tcm  # noqa: E402
-from build_tools.inspect_cubin import inspect_cubin, parse_ptx_entries, ptx_target  # noqa: E402
+from build_tools.inspect_cubin import (  # noqa: E402
+    _SASS_INSN_RE, inspect_cubin, parse_ptx_entries, ptx_target)
 
 DEFAULT_CONFIGS = (
     "^fwd_sm_90a_bf16_hd128_causal_steal_m128n128s2$",
@@ -56,8 +57,6 @@ NAMES = ("neutral", "cutlass", "control")
 CONTROL_TOKEN = "ctrlxyz"  # same length as "cutlass", not containing it
 PLACEHOLDER = "ENTRY"
 
-# "        /*0130*/               @P1 SYNCS.EXCH.64 URZ, [UR17], UR4 ;"
-_SASS_INSN_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;?\s*$")
 _PRED_RE = re.compile(r"^@!?U?P[T0-9]+\s+")
 
 
@@ -69,9 +68,9 @@ def sass_instructions(sass_text: str, names: list[str]) -> list[str]:
     replaced by a placeholder (so two kernels that differ only in name compare equal)."""
     out = []
     for line in sass_text.splitlines():
-        m = _SASS_INSN_RE.match(line)
+        m = _SASS_INSN_RE.match(line)  # the build's SASS line pattern (address, predicate, op)
         if m:
-            insn = m.group(1)
+            insn = f"{m['pred'] or ''}{m['op']}{m['args']}"
             for name in names:
                 insn = insn.replace(name, PLACEHOLDER)
             out.append(" ".join(insn.split()))
