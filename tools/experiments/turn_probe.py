@@ -72,14 +72,15 @@ def run_mode(mode, calls, filler, n, rounds, soak):
         fs["cudnn"] = filler
     gap = float(mode[3:]) / 1000 if mode.startswith("gap") else 0.0
     names = list(fs)
-    end, r = time.time() + soak, 0
+    end, r, prev = time.time() + soak, 0, None
     while time.time() < end:
         for name in round_order(names, r):
             for _ in range(n):
                 fs[name]()
+            prev = name
         r += 1
     torch.cuda.synchronize()
-    out, prev = {}, None
+    out = {}
     for r in range(rounds):
         for name in round_order(names, r):
             if gap:
