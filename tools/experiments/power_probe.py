@@ -72,31 +72,41 @@ def _smi_means(smi, drop=0):
     return statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
 
 
-def alternating(calls, per_turn, rounds, soak, prime=False):
-    """({name: median µs per call}, mean W, mean SM MHz) of the providers taking turns of
-    ``per_turn`` calls (benchlib.round_order), timed for ``rounds`` rounds after ``soak``
-    seconds of untimed turns; ``prime``: one untimed call before each timed turn (so that the
-    host work of switching artifacts folders, ab_artifacts.Variant, stays out of the timing).
-    Each turn is timed as bench_fwd times one (``time_once``)."""
-    from bench.bench_fwd import time_once
+def soak(calls, per_turn, seconds):
+    """Untimed turns of ``per_turn`` calls of each of ``calls`` ({name: call}), in the
+    benchmark's round order, for ``seconds``; returns the name that ran last (None if none)."""
     from bench.benchlib import round_order
-    names, r = list(calls), 0
-    end = time.time() + soak
+    names, r, last = list(calls), 0, None
+    end = time.time() + seconds
     while time.time() < end:
         for name in round_order(names, r):
             for _ in range(per_turn):
                 calls[name]()
+            last = name
         torch.cuda.synchronize()
         r += 1
-    times = {name: [] for name in names}
+    return last
+
+
+def alternating(calls, per_turn, rounds, soak_seconds, prime=False):
+    """({name: median µs per call}, mean W, mean SM MHz) of the providers taking turns of
+    ``per_turn`` calls (benchlib.timed_rounds), timed for ``rounds`` rounds after
+    ``soak_seconds`` of untimed turns (:func:`soak`); ``prime``: one untimed call before each
+    timed turn (so that the host work of switching artifacts folders, ab_artifacts.Variant,
+    stays out of the timing). Each turn is timed as bench_fwd times one (``time_once``)."""
+    from bench.bench_fwd import time_once
+    from bench.benchlib import timed_rounds
+
+    def turn(name):
+        if prime:
+            calls[name]()
+        return 1000 * time_once(lambda _: calls[name](), per_turn)
+
+    last = soak(calls, per_turn, soak_seconds)
     smi = _smi()
-    for r in range(rounds):
-        for name in round_order(names, r):
-            if prime:
-                calls[name]()
-            times[name].append(1000 * time_once(lambda _: calls[name](), per_turn))
+    timed = timed_rounds(list(calls), rounds, turn, first_after=last)
     watts, mhz = _smi_means(smi)
-    return {k: statistics.median(t) for k, t in times.items()}, watts, mhz
+    return {k: statistics.median(t) for k, (t, _) in timed.items()}, watts, mhz
 
 
 def main(argv=None):

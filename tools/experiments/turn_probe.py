@@ -1,19 +1,21 @@
 """FA4 and fa4_aot taking turns of N calls, as the benchmark times them, with each call of a
 turn timed on its own: how the ratio moves from a turn's first calls to its last, and with
-what ran before the turn (the other provider, a low-power turn of one SDPA call per document
-as the benchmark's cuDNN peer, or an idle gap).
+what ran before the turn (the other provider, the benchmark's cuDNN peer: for packed documents
+a low-power loop of one SDPA call per document, or an idle gap).
 
     python tools/experiments/turn_probe.py docs 16384+512*32 16 128 causal \\
         --modes steady,cudnn,gap50,gap200 [--calls 20] [--rounds 18] [--soak 3]
 
 ``steady``: FA4 and fa4_aot alternate (benchlib.round_order); ``cudnn``: the two and the
-per-document SDPA loop (cuDNN backend) in a Williams order, each provider's turns reported
-after the loop's and after the other's; ``gapMS``: MS of idle host time before every turn.
-Prints, per mode, the median per-call µs of calls 1-3, 4-10, 11-N and the whole turn, and
-FA4 / fa4_aot for each. Needs an sm_90 GPU and upstream FA4 (flash-attn-4).
+benchmark's cuDNN peer on the same problem (``bench_fwd.build``: for packed documents one SDPA
+call per document) in a Williams order, each provider's turns reported after the peer's and
+after the other's; ``gapMS``: MS of idle host time before every turn. Prints, per mode, the
+median per-call µs of calls 1-3, 4-10, 11-N and the whole turn, and FA4 / fa4_aot for each.
+Needs an sm_90 GPU and upstream FA4 (flash-attn-4).
 """
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -22,8 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.benchlib import doc_lens, round_order  # noqa: E402
-from tools.experiments.prefill_ncu_probe import calls_for, inputs_for  # noqa: E402
+from bench.benchlib import Case, doc_lens, timed_rounds  # noqa: E402
+from tools.experiments.power_probe import soak  # noqa: E402
+from tools.experiments.prefill_ncu_probe import calls_for  # noqa: E402
 
 SEGMENTS = ((0, 3), (3, 10), (10, None))  # calls 1-3, 4-10, 11-N of a turn
 
@@ -40,17 +43,24 @@ def summarize(turns, segments=SEGMENTS):
     return [statistics.median(col) for col in zip(*rows)]
 
 
-def sdpa_per_document(q, k, v, causal, lens):
-    """The benchmark's cuDNN peer for packed documents: one SDPA call per document."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def cudnn_peer(shape):
+    """The benchmark's cuDNN peer (``bench_fwd.build``, inside its ``provider_context``) on
+    ``B H S D [causal]`` or ``docs LENS H D [causal]``, as a call without arguments that goes
+    round the benchmark's input sets as its repeats do."""
+    from bench.bench_fwd import Env, Inputs, build, provider_context
+    causal = shape[-1] == "causal"
+    if shape[0] == "docs":
+        case = Case("probe", "probe", int(shape[2]), int(shape[3]), causal,
+                    docs=tuple(doc_lens(shape[1])))
+    else:
+        b, h, s, d = (int(x) for x in shape[:4])
+        case = Case("probe", "probe", h, d, causal, batch=b, seqlen_q=s, seqlen_k=s)
+    fn, _ = build(Env(["cudnn"]), "cudnn", case, Inputs(case, torch.bfloat16), "auto")
+    calls = itertools.count()
 
     def run():
-        s = 0
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            for n in lens:
-                qq, kk, vv = (t[s:s + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-                torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                s += n
+        with provider_context("cudnn"):
+            fn(next(calls))
     return run
 
 
@@ -65,34 +75,27 @@ def timed_turn(f, n):
     return [1000 * ev[i].elapsed_time(ev[i + 1]) for i in range(n)]
 
 
-def run_mode(mode, calls, filler, n, rounds, soak):
-    """{(provider, 'after X'): [per-call times of each turn]} for one mode."""
-    fs = dict(calls)
-    if mode == "cudnn":
-        fs["cudnn"] = filler
+def run_mode(mode, calls, peer, n, rounds, soak_seconds):
+    """{(provider, 'all' | 'after cudnn' | 'after other'): [per-call times of each turn]} of
+    FA4 and fa4_aot for one mode (the cuDNN peer's turns are not reported)."""
+    fs = dict(calls, cudnn=peer) if mode == "cudnn" else dict(calls)
     gap = float(mode[3:]) / 1000 if mode.startswith("gap") else 0.0
-    names = list(fs)
-    end, r, prev = time.time() + soak, 0, None
-    while time.time() < end:
-        for name in round_order(names, r):
-            for _ in range(n):
-                fs[name]()
-            prev = name
-        r += 1
-    torch.cuda.synchronize()
+
+    def turn(name):
+        if gap:
+            torch.cuda.synchronize()
+            time.sleep(gap)
+        return timed_turn(fs[name], n)
+
+    timed = timed_rounds(list(fs), rounds, turn, first_after=soak(fs, n, soak_seconds))
     out = {}
-    for r in range(rounds):
-        for name in round_order(names, r):
-            if gap:
-                torch.cuda.synchronize()
-                time.sleep(gap)
-            t = timed_turn(fs[name], n)
-            if name != "cudnn":
-                out.setdefault((name, "all"), []).append(t)
-                if mode == "cudnn":
-                    before = "cudnn" if prev == "cudnn" else "other"
-                    out.setdefault((name, f"after {before}"), []).append(t)
-            prev = name
+    for name in calls:
+        turns, after = timed[name]
+        out[(name, "all")] = turns
+        if mode == "cudnn":
+            for t, before in zip(turns, after):
+                key = (name, "after cudnn" if before == "cudnn" else "after other")
+                out.setdefault(key, []).append(t)
     return out
 
 
@@ -107,15 +110,11 @@ def main(argv=None):
     calls = calls_for(a.shape)
     if "fa4" not in calls:
         sys.exit("turn_probe: upstream FA4 (flash-attn-4) is not importable")
-    q, k, v, causal, kw = inputs_for(a.shape)
-    lens = doc_lens(a.shape[1]) if a.shape[0] == "docs" else [q.shape[1]] * q.shape[0]
-    if not kw:  # dense (B, S, H, D): the documents are the batch entries, one after another
-        q, k, v = (t.flatten(0, 1) for t in (q, k, v))
-    filler = sdpa_per_document(q, k, v, causal, lens)
+    peer = cudnn_peer(a.shape)
     print(f"{'mode':8s} {'turns':13s} FA4 / fa4_aot µs a call: calls 1-3, 4-10, "
           f"11-{a.calls}, all; ratio")
     for mode in a.modes.split(","):
-        res = run_mode(mode, calls, filler, a.calls, a.rounds, a.soak)
+        res = run_mode(mode, calls, peer, a.calls, a.rounds, a.soak)
         for label in ("all", "after cudnn", "after other"):
             if ("fa4", label) not in res:
                 continue
