@@ -47,8 +47,9 @@ def loops(ins: list[tuple[int, str, str]], min_len: int) -> list[tuple[int, int]
     found = []
     for i, (a, op, args) in enumerate(ins):
         m = re.search(r"0x([0-9a-f]+)", args) if op.startswith("BRA") else None
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
-            found.append((at[int(m.group(1), 16)], i))
+        target = int(m.group(1), 16) if m else None
+        if target is not None and target < a and target in at:
+            found.append((at[target], i))
     inner = [(s, e) for s, e in found
              if not any((s2, e2) != (s, e) and s <= s2 and e2 <= e for s2, e2 in found)]
     return [(s, e) for s, e in inner if e - s + 1 >= min_len]
