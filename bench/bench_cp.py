@@ -297,7 +297,7 @@ def main(argv=None):
     timed = bl.timed_rounds(provs, a.repeats, turn, first_after=provs[-1])
     for p, (times, after) in timed.items():
         results[p]["ms"] = statistics.median(times)
-        results[p]["samples"] = [[round(t, 6), b] for t, b in zip(times, after)]
+        results[p]["samples"] = bl.samples(times, after)
 
     t1 = results["fa4_aot"].get("ms")
     scaling = {}

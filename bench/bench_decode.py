@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.benchlib import timed_rounds  # noqa: E402
+from bench.benchlib import samples, timed_rounds  # noqa: E402
 
 CASES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (b, sq, sk, 32, hk)
@@ -231,7 +231,7 @@ def _summarise(res, kvb, flops):
                   "tflops": None if ms is None else round(flops / (ms * 1e-3) / 1e12, 2),
                   "max_diff": r.get("max_diff"), "note": r["note"]}
         if r["times"]:
-            out[p]["samples"] = [[round(t, 6), a] for t, a in zip(r["times"], r["after"])]
+            out[p]["samples"] = samples(r["times"], r["after"])
     return out
 
 

@@ -435,7 +435,7 @@ def run_case(env: Env, case: bl.Case, providers, iters, repeats, check, varlen_p
     for prov, (times, after) in timed.items():
         res = row.results[prov]
         res.ms = statistics.median(times)
-        res.samples = [[round(t, 6), a] for t, a in zip(times, after)]
+        res.samples = bl.samples(times, after)
     if check and outs:
         ref_p = next((p for p in ("cudnn", "flash", "fa4") if p in outs), next(iter(outs)))
         ref = outs[ref_p]

@@ -63,8 +63,9 @@ def _williams_rows(n: int) -> tuple:
     before that pair would differ by provider: in the rows' plain order, three providers
     P0 P1 P2, P0's pair followed P1's turn and P1's followed P2's; docs/perf-notes.md v34), and
     no ordered pair of providers meets at more than one row boundary: for three providers every
-    ordered pair then follows each other three times in the cycle, and nobody follows itself. The last row ends with the last provider, as the warm-up before the first round
-    does (the providers in their order), so the first round starts as every later cycle does.
+    ordered pair then follows each other three times in the cycle, and nobody follows itself.
+    The last row ends with the last provider, as the warm-up before the first round does (the
+    providers in their order), so the first round starts as every later cycle does.
     Even n > 2 has no such boundary (its rows' order is the plain one); n = 2 keeps A B, B A
     (each provider runs twice in a row once a cycle, after the other one's turn: the same for
     both)."""
@@ -122,6 +123,12 @@ def timed_rounds(providers, repeats, time_turn, first_after=None, on_error=None)
                 del out[p]
             prev = p
     return out
+
+
+def samples(times, after) -> list:
+    """The JSON form of a provider's repeats (``samples``, see :data:`TIMING`): ``[ms, the
+    provider that ran just before]`` of each, from :func:`timed_rounds`' two lists."""
+    return [[round(t, 6), a] for t, a in zip(times, after)]
 
 
 def balanced_repeats(n_providers: int) -> int:

@@ -448,6 +448,8 @@ def test_timed_rounds_records_the_provider_before_each_repeat():
     counts = {p: {q: after.count(q) for q in after} for p, (_, after) in out.items()}
     assert counts == {"p0": {"p2": 3, "p1": 3}, "p1": {"p0": 3, "p2": 3},
                       "p2": {"p0": 3, "p1": 3}}
+    # the JSON form the benchmarks store (``samples``)
+    assert bl.samples([1.23456789, 2.0], ["p2", "p1"]) == [[1.234568, "p2"], [2.0, "p1"]]
 
     def flaky(p):
         if p == "p1" and len(seq) > 3:
