@@ -3,6 +3,8 @@ kernels in ``$FA4_AOT_ARTIFACTS`` (or the installed ones): the lazy row max (``T
 docs/perf-notes.md v22) against the kernels of another folder, run once per folder.
 
     FA4_AOT_ARTIFACTS=artifacts python tools/experiments/moving_max_accuracy.py 64 128
+    FA4_AOT_ARTIFACTS=.exp/lz9 python tools/experiments/moving_max_accuracy.py 128 --kinds
+        randn,x10,x30,x60,rising,outlier   (v36: x30 and x60 overflow an unguarded lazy reference)
 
 Cases (1 x 4 heads x 2048 keys, bf16): ``fa4_aot.testing.moving_max_inputs`` (plain randn;
 scores x3, x5, x10; keys scaled up toward the first keys, which the kernels visit last, or
@@ -23,12 +25,18 @@ from fa4_aot.testing import (MOVING_MAX_KINDS, attention_ref, error_and_bound,  
 
 
 def main() -> int:
-    dims = [int(a) for a in sys.argv[1:]] or [64, 128, 256]
+    args = sys.argv[1:]
+    kinds = MOVING_MAX_KINDS
+    if "--kinds" in args:
+        i = args.index("--kinds")
+        kinds = tuple(args[i + 1].split(","))
+        del args[i:i + 2]
+    dims = [int(a) for a in args] or [64, 128, 256]
     failures = 0
     print(f"{'case':28s} {'err':>9s} {'bound':>9s} {'ratio':>6s} {'lse err':>8s}")
     for d in dims:
         for causal in (False, True):
-            for kind in MOVING_MAX_KINDS:
+            for kind in kinds:
                 q, k, v = moving_max_inputs(kind, d, 2048, 4)
                 o, lse = fa4_aot.attention(q, k, v, causal=causal, return_lse=True)
                 ref, lse_ref = attention_ref(q, k, v, causal=causal)
