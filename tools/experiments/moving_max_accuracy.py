@@ -3,7 +3,7 @@ kernels in ``$FA4_AOT_ARTIFACTS`` (or the installed ones): the lazy row max (``T
 docs/perf-notes.md v22) against the kernels of another folder, run once per folder.
 
     FA4_AOT_ARTIFACTS=artifacts python tools/experiments/moving_max_accuracy.py 64 128
-    FA4_AOT_ARTIFACTS=.exp/lz9 python tools/experiments/moving_max_accuracy.py 128 --kinds
+    FA4_AOT_ARTIFACTS=.exp/lz10 python tools/experiments/moving_max_accuracy.py 128 --kinds
         randn,x10,x30,x60,rising,outlier   (v36: x30 and x60 overflow an unguarded lazy reference)
 
 Cases (1 x 4 heads x 2048 keys, bf16): ``fa4_aot.testing.moving_max_inputs`` (plain randn;
