@@ -7,10 +7,15 @@
 decode call, packed GQA with split-KV. ``docs:1024+64*40`` packs documents of those lengths,
 ``N*k`` being k documents of N tokens, into one varlen call.)
 
+``ONE_CALL_SCALE=60`` multiplies the scores by 60 (q scaled): on the bf16 causal 160-key kernels
+the lazy reference's tile-end guard then sends warps to its exact recomputation from global K/V
+(docs/perf-notes.md v37).
+
 (An experiment variant: build it with tools/experiments/variants.py and point
 FA4_AOT_ARTIFACTS at its folder.)
 """
 import itertools
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +36,7 @@ causal = len(args) > 4 and args[4] in ("1", "causal", "true")
 sched = args[5] if len(args) > 5 else "auto"
 sk = int(args[6]) if len(args) > 6 else s
 hk = int(args[7]) if len(args) > 7 else h
-q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+q = (torch.randn(b, s, h, d, device="cuda") * float(os.environ.get("ONE_CALL_SCALE", "1"))).bfloat16()
 k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 if kw:
     q, k, v = q[0], k[0], v[0]

@@ -35,7 +35,7 @@ import inspect
 from collections import namedtuple
 from dataclasses import dataclass
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 # The decode kernels load a key block of K/V in TMA boxes of ``kv_box_rows`` keys (a launch
 # value: the whole n tile for contiguous K/V, gcd(page_size, n tile) with paged KV, so that a box
 # never crosses a page); their shared-memory stage is laid out in KV_CHUNK-key pieces, and a box
@@ -150,6 +150,18 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
              ("softmax_scale_log2", "softmax_scale * log2(e) (softcap: softcap * log2(e))"),
              ("softmax_scale", "softmax_scale (softcap: softcap)"),
              ("softcap_pre", "softmax_scale / softcap (0: no softcap)")),
+    # Last, so that the kernels that do not read them keep every other parameter's place.
+    Group("Redo", _ptrs(
+        ("k_ptr", "io", 16, "k, read by Tile.lazy_reference's exact recomputation (prefill)"),
+        ("v_ptr", "io", 16, "v, read by Tile.lazy_reference's exact recomputation (prefill)"),
+    ).args + _scalars("Redo", "i64",
+                      ("k_stride_s", "k stride of the seqlen axis, elements"),
+                      ("k_stride_h", "k stride of the head axis, elements"),
+                      ("k_stride_b", "k stride of the batch axis, elements (0 for packed k/v)"),
+                      ("v_stride_s", "v stride of the seqlen axis, elements"),
+                      ("v_stride_h", "v stride of the head axis, elements"),
+                      ("v_stride_b", "v stride of the batch axis, elements (0 for packed k/v)"),
+                      ).args),
 ))
 
 # ------------------------------------------------------------------ the forward, sm_100a

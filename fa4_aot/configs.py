@@ -83,7 +83,16 @@ class Tile:
     where no row of the tile sees more of them: S's wgmmas at that width, the PV wgmmas over
     those keys (P is exactly 0 past them: the output is bitwise the same). Such tiles run a
     second copy of the mainloop, chosen per tile; not in the decode or softcap kernels
-    (docs/perf-notes.md v28)."""
+    (docs/perf-notes.md v28).
+    ``lazy_reference`` (sm_90a prefill, bf16, with ``overlap``): in a tile's unmasked key
+    blocks P is taken against a reference decided by the blocks before (moved, FA4's Blackwell
+    rule, when a block's largest P exceeds 2^8, the decision taken at the next step under its
+    wgmmas) instead of the block's own row max, so each block's exponentials start as soon as
+    S is there. On the causal 160-key tile, whose loop the softmax paces: ~5 % fewer cycles
+    on long causal rows and packed documents (docs/perf-notes.md v36-v37). A block whose scores
+    rise ~70 nats above the blocks before it could overflow P; a test at the tile's end (no
+    cost in the loop) sends such a warp to an exact, slow recomputation from global K/V.
+    Ordinary attention never takes it."""
 
     m: int
     n: int
@@ -97,6 +106,7 @@ class Tile:
     o_buffer: bool = False
     lazy_rescale: bool = False
     edge_width: int = 0
+    lazy_reference: bool = False
 
 
 # Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
@@ -147,7 +157,8 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=Tr
 # 1 x 16k + 32 x 512 causal -0.1 to +0.9 %, the zipf mix +0.6 to +2.2 %, causal 2 x 16 x 8k
 # +0.3 to +1.5 %, 1 x 16 x 16k -0.4 / +0.2 %; the same time under sustained load. Non-causal
 # stays on 176 keys (2 x 16 x 8k -2.1 % at 160).
-TILES_LONG_KV = {arch: {hd: dataclasses.replace(t, n=160) for hd, t in tiles.items()}
+TILES_LONG_KV = {arch: {hd: dataclasses.replace(t, n=160, lazy_reference=True)
+                        for hd, t in tiles.items()}
                  for arch, tiles in TILES_WIDE_N.items()}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels

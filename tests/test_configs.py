@@ -98,6 +98,21 @@ def test_edge_width_only_where_the_kernel_takes_it():
     assert trimmed == {(128, 176), (128, 160)}
 
 
+def test_lazy_reference_only_where_measured():
+    """Tile.lazy_reference (docs/perf-notes.md v36-v37): on the causal 160-key hd128 tile of
+    sm_90a only, the one it was measured on; the kernel takes it for bf16 prefill without
+    softcap (FlashFwdSm90.lazy_ref), so the bf16 causal kernels of that tile, whatever the
+    scheduler, are the ones that run it."""
+    lazy = set()
+    for c in CONFIG_SPACE:
+        if c.tile.lazy_reference:
+            assert c.arch == "sm_90a" and c.causal and c.long_kv, c.name
+            assert (c.head_dim, c.tile.n, c.tile.overlap) == (128, 160, True), c.name
+            if c.dtype == "bf16" and not c.decode and not c.softcap:
+                lazy.add(c.scheduler)
+    assert lazy == {"single", "static", "steal"}
+
+
 @pytest.mark.parametrize("num_m,heads,batch", [(1, 1, 1), (7, 3, 5), (64, 16, 2), (3, 17, 1)])
 def test_decode_is_a_bijection_in_lpt_order(num_m, heads, batch):
     for section in {d for d in range(1, heads * batch + 1) if (heads * batch) % d == 0}:
@@ -174,11 +189,11 @@ def test_two_q_buffers_where_shared_memory_allows():
 
 def test_hd128_wide_n_tiles():
     """Non-causal hd128 on 176 keys; the causal kernels' wide alternative (long_kv) is the same
-    tile on 160 keys (docs/perf-notes.md v31)."""
+    tile on 160 keys (docs/perf-notes.md v31) with the lazy reference (v37)."""
     from fa4_aot.configs import CONFIG_SPACE, DECODE_TILES, TILES_LONG_KV, TILES_WIDE_N
     assert TILES_WIDE_N["sm_90a"][128].n == 176
     assert TILES_LONG_KV["sm_90a"][128] == dataclasses.replace(TILES_WIDE_N["sm_90a"][128],
-                                                               n=160)
+                                                               n=160, lazy_reference=True)
     assert KernelConfig("sm_90a", "bf16", 128, False, "single").tile.n == 176
     assert KernelConfig("sm_90a", "bf16", 128, True, "single").tile.n == 128
     assert KernelConfig("sm_90a", "bf16", 128, False, "steal", local=True).tile.n == 128

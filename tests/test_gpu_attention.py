@@ -189,6 +189,57 @@ def test_row_max_that_moves(d, causal, kind):
             assert torch.equal(outs[0], outs[1]), "steal differs from single"
 
 
+def _spread_inputs(shape_q, shape_kv, scale, seed):
+    """bf16 q (scores x ``scale``), k, v from one generator."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(*shape_q, device="cuda", generator=g) * scale
+    k, v = (torch.randn(*shape_kv, device="cuda", generator=g) for _ in range(2))
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def _check_spread(out, lse, q, k, v):
+    """FA's rule on the output; the LSE (hundreds of nats at x60) to 1e-4 of its size."""
+    ref, lse_ref = attention_ref(q, k, v, causal=True)
+    ref_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    check_close(out, ref, ref_pt)
+    tol = 1e-2 + 1e-4 * lse_ref.abs()
+    assert bool(((lse - lse_ref).abs() <= tol).all()), (lse - lse_ref).abs().max().item()
+
+
+@pytest.mark.parametrize("scale", [1, 30, 60, 200])
+def test_lazy_reference_spread_scores(scale):
+    """Tile.lazy_reference (the bf16 causal 160-key kernels) takes P of a block against the
+    reference left by the blocks before it; scores x30 and more push P past 2^100 (or 2^128)
+    there, which the tile-end guard must catch and recompute exactly (docs/perf-notes.md
+    v37). Dense batch 2 with GQA 4:2 and packed documents of uneven lengths (one shorter
+    than a key block); every scheduler against the reference and bit for bit the same."""
+    from fa4_aot import interface
+    from fa4_aot.configs import TILES_LONG_KV
+    n = TILES_LONG_KV["sm_90a"][128].n
+    q, k, v = _spread_inputs((2, 2111, 4, 128), (2, 2111, 2, 128), scale, seed=scale)
+    outs = []
+    for s in SCHEDS:
+        interface.clear_memo()
+        out, lse = fa4_aot.attention(q, k, v, causal=True, return_lse=True, scheduler=s,
+                                     out=torch.full_like(q, float("nan")))
+        (kl,) = memo_plan().launches
+        assert kl.record["config"]["long_kv"] and kl.record["launch"]["tile"]["n"] == n
+        outs.append(out)
+    _check_spread(outs[-1], lse, q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2))
+    for s, o in zip(SCHEDS[1:], outs[1:]):
+        assert torch.equal(o, outs[0]), f"{s} differs from single"
+    docs = [4001, 700, 2053, 160, 5]
+    cu = torch.tensor([0, *itertools.accumulate(docs)], device="cuda", dtype=torch.int32)
+    q, k, v = _spread_inputs((cu[-1].item(), 4, 128), (cu[-1].item(), 4, 128), scale, seed=7)
+    interface.clear_memo()
+    out, lse = fa4_aot.attention(q, k, v, causal=True, return_lse=True, cu_seqlens_q=cu,
+                                 cu_seqlens_k=cu, max_seqlen_q=max(docs), max_seqlen_k=max(docs))
+    assert all(kl.record["launch"]["tile"]["n"] == n for kl in memo_plan().launches)
+    for a, b in itertools.pairwise(cu.tolist()):
+        _check_spread(out[a:b][None], lse[:, a:b][None], q[a:b][None], k[a:b][None],
+                      v[a:b][None])
+
+
 # ----------------------------------------------------------------------------- softcap
 
 

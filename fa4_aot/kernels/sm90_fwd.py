@@ -58,7 +58,7 @@ from fa4_aot.schedule import (decode_tile, encode_tile, heavy_m_blocks,
                                light_tiles_limit)
 
 from .common import (CHAINS4, SEQ_COMPACT, SEQ_USED_Q, SEQ_VARLEN, TREE, BlockInfo, RowView, clamped_doc,
-                     mask_row, online_softmax_row, seqlen_info, warp_needs_rescale)
+                     mask_row, online_softmax_row, seqlen_info, tree_reduce, warp_needs_rescale)
 from .tile_sched import STATIC, TILE_SLOTS, AtomicCounterScheduler, TileSchedParams
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -66,7 +66,12 @@ GROUPS = FWD_SM90.group_types()
 # Tile.lazy_rescale: a row's running max moves only when a key block raises it by more than
 # 2^8 (log2 units; docs/perf-notes.md v22).
 RESCALE_THRESHOLD = 8.0
-Ptrs, Strides, Shape, Softmax = (GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax"))
+# Tile.lazy_reference: a tile whose P went above 2^100 somewhere is recomputed exactly (P past
+# 2^128 overflows; an O of P * V sums past it too, and a reference factor below 2^-126 is
+# flushed to 0).
+LAZY_GUARD = 2.0 ** 100
+Ptrs, Strides, Shape, Softmax, Redo = (GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax",
+                                                          "Redo"))
 
 
 
@@ -104,6 +109,49 @@ def _cvt_pair_pinned(lo: Float32, hi: Float32, ptx_type: str, *, loc=None, ip=No
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     ))
+
+
+@dsl_user_op
+def _asm_u32(args, code: str, cons: str, *, loc=None, ip=None) -> Uint32:
+    """One pure asm statement over 32-bit integer registers (``Uint32(a)`` converts a
+    float's value: pass bits, see :func:`_f32_bits`), 32-bit result."""
+    return Uint32(llvm.inline_asm(
+        T.i32(), [Uint32(a).ir_value(loc=loc, ip=ip) for a in args], code, cons,
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _asm_f32(args, code: str, cons: str, *, loc=None, ip=None) -> Float32:
+    """:func:`_asm_u32` with a float result."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Uint32(a).ir_value(loc=loc, ip=ip) for a in args], code, cons,
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _f32_bits(x, *, loc=None, ip=None) -> Uint32:
+    """The bits of a float (a bitcast: Uint32(x) would convert the value)."""
+    return Uint32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _bits_f32(x, *, loc=None, ip=None) -> Float32:
+    return Float32(llvm.bitcast(T.f32(), Uint32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+def _hmax2(a, b):
+    """Per-half max of two packed bf16x2 words."""
+    return _asm_u32([a, b], "max.bf16x2 $0, $1, $2;", "=r,r,r")
+
+
+def _bf16_lo(w):
+    """The low bf16 of a packed word, as a float (exact)."""
+    return _asm_f32([w], "shl.b32 $0, $1, 16;", "=f,r")
+
+
+def _bf16_hi(w):
+    """The high bf16 of a packed word, as a float (exact)."""
+    return _asm_f32([w], "and.b32 $0, $1, 0xffff0000;", "=f,r")
 
 
 @dsl_user_op
@@ -152,6 +200,26 @@ def _opaque_u32(x: Int32, *, loc=None, ip=None) -> Int32:
     neither hoist it into the kernel's prologue nor share it with another warp role's code)."""
     return Int32(llvm.inline_asm(
         T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _ld_global_v4(addr: Int64, *, loc=None, ip=None):
+    """16 bytes from global memory (ld.global.nc.v4.b32), four 32-bit words."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [llvm.extractvalue(T.i32(), res, [i]) for i in range(4)]
+
+
+@dsl_user_op
+def _ld_global_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """4 bytes from global memory (ld.global.nc.b32)."""
+    return Uint32(llvm.inline_asm(
+        T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.b32 $0, [$1];", "=r,l",
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
@@ -221,6 +289,11 @@ class _Frags:
     row_max: object
     row_sum: object
     row_scale: object
+    # Tile.lazy_reference: per row, the reference of the next block's P (log2 units), the
+    # factor from the previous reference to it, and the block's P sum.
+    row_next: object = None
+    row_pend: object = None
+    row_tot: object = None
     # Tile.edge_width: (MMA op, accumulator) of S's wgmmas on a trimmed first block.
     edge: tuple = ()
 
@@ -277,6 +350,17 @@ class FlashFwdSm90:
         self.edge_n = (cfg.tile.edge_width
                        if self.intra_wg_overlap and not self.decode and not self.softcap else 0)
         assert self.edge_n % 16 == 0 and self.edge_n < self.tile_n, cfg.tile
+        # Tile.lazy_reference: bf16 P only (fp16 P overflows at 2^16, which a row sink's
+        # usual margin reaches), prefill kernels without softcap; its exact path reads K/V
+        # through k_ptr / v_ptr, contiguous (non-paged) layouts.
+        self.lazy_ref = (cfg.tile.lazy_reference and cfg.dtype == "bf16" and self.intra_wg_overlap
+                         and not self.decode and not self.softcap)
+        if self.lazy_ref and self.sched == "single":
+            # One tile a CTA through static's tile loop (the single kernel's grid is the tile
+            # count: the next tile, bid + grid, ends it). Compiled as a loop that provably runs
+            # once, with the exact recomputation after it, ptxas serialised its wgmmas (C7511,
+            # docs/perf-notes.md v37).
+            self.sched = STATIC
 
     # ------------------------------------------------------------------ static pieces
     def _mmas_and_layouts(self, kv_rows=None):
@@ -309,6 +393,7 @@ class FlashFwdSm90:
         strides: Strides,
         shape: Shape,
         softmax: Softmax,
+        redo: Redo,
         stream,
     ):
         dt = self.dtype
@@ -358,7 +443,7 @@ class FlashFwdSm90:
         size = SharedStorage.size_in_bytes()
         assert size <= 227 * 1024, f"{self.cfg.name}: shared storage of {size} B > 227 KB"
 
-        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, ptrs, strides, shape, softmax).launch(
+        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, ptrs, strides, shape, softmax, redo).launch(
             grid=[1, 1, 1],  # the runtime sets the grid
             block=[self.threads, 1, 1],
             stream=stream,
@@ -369,7 +454,7 @@ class FlashFwdSm90:
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_k: cute.CopyAtom,
                tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor,
-               ptrs: Ptrs, strides: Strides, shape: Shape, softmax: Softmax):
+               ptrs: Ptrs, strides: Strides, shape: Shape, softmax: Softmax, redo: Redo):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp_idx // 4
@@ -434,7 +519,7 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.o_buffer):
                 o_buf = (storage.sO.data_ptr().toint(), storage.mbar_o.data_ptr())
             self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, sK, sV, slots), pipes,
-                          ptrs, strides, shape, softmax, totals, o_buf)
+                          ptrs, strides, shape, softmax, redo, totals, o_buf)
 
     # ------------------------------------------------------------------ tiles
     @cute.jit
@@ -839,7 +924,7 @@ class FlashFwdSm90:
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
     def consumer(self, tidx, mmas, smem, pipes, ptrs: Ptrs, strides: Strides, shape: Shape,
-                 softmax: Softmax, totals, o_buf=None):
+                 softmax: Softmax, redo: Redo, totals, o_buf=None):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
         With two or three MMA warpgroups they take turns issuing (ping-pong, round robin through
@@ -874,6 +959,8 @@ class FlashFwdSm90:
             row_max=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
             row_sum=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
             row_scale=cute.make_rmem_tensor(cute.make_layout(n_rows), Float32),
+            **({n: cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+                for n in ("row_next", "row_pend", "row_tot")} if self.lazy_ref else {}),
             edge=self.edge_frags(wg_threads(wg), acc_S),
         )
 
@@ -933,6 +1020,10 @@ class FlashFwdSm90:
                             k_state, v_state = self.mainloop(*args)
                     else:
                         k_state, v_state = self.mainloop(*args)
+                    if cutlass.const_expr(self.lazy_ref):
+                        self.tile_guard(tidx, f, t, redo, shape, softmax,
+                                        (n_min, n_max), _opaque_u32(sQ.iterator.toint())
+                                        + q_stage * self.q_bytes)
                     if cutlass.const_expr(self.o_buffer):
                         # O passes through the O buffer: Q is free once the mainloop is done.
                         pipe_q.consumer_release(q_state)
@@ -1070,11 +1161,15 @@ class FlashFwdSm90:
                                        shape, softmax, True)
                     k_state.advance()
                     v_state.advance()
+                if cutlass.const_expr(self.lazy_ref):
+                    self.lazy_init(f, scale_log2)
                 for i in cutlass.range(top - u_lo, unroll=1):
                     self.overlap_block(tidx, f, pipes, k_state, v_state, top - 1 - i, t,
                                        shape, softmax, False, capped=not self.decode)
                     k_state.advance()
                     v_state.advance()
+                if cutlass.const_expr(self.lazy_ref):
+                    self.lazy_finish(f, scale_log2)
                 if cutlass.const_expr(self.local):
                     bottom = cutlass.min(u_lo, top)
                     for i in cutlass.range(bottom - n_min, unroll=1):
@@ -1137,6 +1232,13 @@ class FlashFwdSm90:
             pipe_v.consumer_wait(v_state)
         self.gemm_pv(f, v_state.index, trim)
         self.pingpong_signal(wg)
+        # Tile.lazy_reference: the unmasked steps take P against a reference decided by the
+        # blocks before (lazy_softmax) instead of this block's row max.
+        lazy = self.lazy_ref and not masked
+        if cutlass.const_expr(lazy):
+            # The previous block's P (in tOrP, read by the PV wgmma just issued): its largest
+            # value decides this block's reference, while the wgmmas run.
+            self.lazy_decide(f)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(k_state)
         if cutlass.const_expr(capped):
@@ -1144,8 +1246,13 @@ class FlashFwdSm90:
         if cutlass.const_expr(masked):
             self.apply_mask(f.acc_S_mn, tidx, n_block * self.tile_n, t.m_block * self.tile_m,
                             t, shape)
-        self.online_softmax(f, softmax.softmax_scale_log2)
+        if cutlass.const_expr(lazy):
+            self.lazy_softmax(f, softmax.softmax_scale_log2)
+        else:
+            self.online_softmax(f, softmax.softmax_scale_log2)
         warpgroup.wait_group(0)
+        if cutlass.const_expr(lazy):
+            self.lazy_sum(f)
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(not self.rescale_early):
             self.rescale_o(f)
@@ -1322,6 +1429,161 @@ class FlashFwdSm90:
                                            shape.window_right)
             mask_row(RowView(acc_S_mn, r), cute.size(acc_S_mn, mode=[1]), _frag_col_static, hi,
                      lo if cutlass.const_expr(self.local) else None)
+
+    # ------------------------------------------------ Tile.lazy_reference (bf16 only)
+    @cute.jit
+    def lazy_init(self, f: _Frags, scale_log2):
+        """Before a tile's unmasked steps: the reference (log2 units) from the exact row max
+        of the masked steps before them; row_max holds, until lazy_finish, the running packed
+        bf16x2 maximum of the blocks' P (the overflow guard's evidence)."""
+        for r in cutlass.range_constexpr(cute.size(f.row_max)):
+            f.row_next[r] = Float32(cutlass.select_(
+                f.row_max[r] == -Float32.inf, Float32(0.0), f.row_max[r] * scale_log2))
+        f.row_pend.fill(1.0)
+        f.row_max[0] = Float32(0.0)
+
+    @cute.jit
+    def lazy_decide(self, f: _Frags):
+        """At the start of an unmasked step, once the PV wgmma that reads the previous block's
+        P is issued: that P's largest value per row (16-bit maxes, packed, over the quad)
+        moves the reference up by its log2 when it exceeds 2^8 (FA4's Blackwell threshold);
+        the factor between the two references goes to O (row_scale, next step) and to the
+        row sum (lazy_sum). The lane's own maxima also raise the guard's running peak."""
+        p32 = cute.recast_tensor(f.tOrP_as_acc, Uint32)
+        n = cute.size(p32)
+        w0 = tree_reduce(_hmax2, [p32[j] for j in range(0, n, 2)])  # row 0's words
+        w1 = tree_reduce(_hmax2, [p32[j] for j in range(1, n, 2)])  # row 1's
+        w = _hmax2(_asm_u32([w0, w1], "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r"),
+                   _asm_u32([w0, w1], "prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r"))
+        f.row_max[0] = _bits_f32(_hmax2(_f32_bits(f.row_max[0]), w))
+        w = _hmax2(w, _asm_u32([w], "shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;", "=r,r"))
+        w = _hmax2(w, _asm_u32([w], "shfl.sync.bfly.b32 $0, $1, 2, 0x1f, -1;", "=r,r"))
+        mx = [_bf16_lo(w), _bf16_hi(w)]
+        for r in cutlass.range_constexpr(2):
+            moved = mx[r] > Float32(2.0 ** RESCALE_THRESHOLD)
+            ref = f.row_next[r]
+            f.row_next[r] = Float32(cutlass.select_(
+                moved, ref + cute.math.log2(mx[r], fastmath=True), ref))
+            f.row_pend[r] = Float32(cutlass.select_(moved, cute.arch.rcp_approx(mx[r]),
+                                                    Float32(1.0)))
+
+    @cute.jit
+    def lazy_softmax(self, f: _Frags, scale_log2):
+        """P of an unmasked block against the reference decided by the blocks before it
+        (row_next), so the exponentials start as soon as S is there: no row max of this
+        block on the critical path (docs/perf-notes.md v36-v37)."""
+        n_cols = cute.size(f.acc_S_mn, mode=[1])
+        for r in cutlass.range_constexpr(cute.size(f.acc_S_mn, mode=[0])):
+            row = RowView(f.acc_S_mn, r)
+            ref = f.row_next[r]
+            for c in cutlass.range_constexpr(n_cols):
+                row[c] = cute.math.exp2(row[c] * scale_log2 - ref, fastmath=True)
+            f.row_tot[r] = tree_reduce(lambda a, b: a + b, [row[c] for c in range(n_cols)])
+            f.row_scale[r] = f.row_pend[r]
+
+    @cute.jit
+    def lazy_sum(self, f: _Frags):
+        for r in cutlass.range_constexpr(2):
+            f.row_sum[r] = f.row_sum[r] * f.row_pend[r] + f.row_tot[r]
+
+    @cute.jit
+    def lazy_finish(self, f: _Frags, scale_log2):
+        """After the unmasked steps: row_max from the last reference (raw units); the row sum
+        made infinite where a block's P went above 2^100 (its O may have overflowed, or its
+        reference factor underflowed), for tile_guard."""
+        pk = _f32_bits(f.row_max[0])
+        bad = (_bf16_lo(pk) > Float32(LAZY_GUARD)) | (_bf16_hi(pk) > Float32(LAZY_GUARD))
+        inv_k = cute.arch.rcp_approx(scale_log2)
+        for r in cutlass.range_constexpr(2):
+            f.row_max[r] = f.row_next[r] * inv_k
+            f.row_sum[r] = Float32(cutlass.select_(bad, Float32.inf, f.row_sum[r]))
+
+    @cute.jit
+    def tile_guard(self, tidx, f: _Frags, t: _Tile, redo: Redo, shape: Shape, softmax: Softmax,
+                   n_range, q_addr):
+        """After the mainloop (no wgmma in flight, Q still held): P can overflow against a
+        reference left behind by a block whose scores are ~70 nats above the blocks before
+        it. Every such case leaves a lane's row sum infinite, NaN or above 2^100 (the last
+        block's P is in the row sum; the earlier ones' peaks are in lazy_finish's flag); a
+        warp with such a lane recomputes its rows exactly (tile_redo). Ordinary inputs never
+        take it."""
+        big = Float32(LAZY_GUARD)
+        ok = (f.row_sum[0] <= big) & (f.row_sum[1] <= big)
+        if not cute.arch.vote_all_sync(ok):
+            self.tile_redo(tidx, f, t, redo, shape, softmax, n_range, q_addr)
+
+    @cute.jit
+    def tile_redo(self, tidx, f: _Frags, t: _Tile, redo: Redo, shape: Shape, softmax: Softmax,
+                  n_range, q_addr):
+        """The slow exact path (milliseconds a tile): the thread's two rows, key by key over
+        the tile's keys, with FMAs: Q from shared memory, K and V rows from global memory
+        (``k_ptr`` / ``v_ptr``; only keys below the document's length are read), the tile's
+        mask from BlockInfo.col_limits, the online softmax in the log2 domain, O for the
+        thread's own columns. Each lane of a quad computes the row; the first keeps the row
+        sum (the epilogue sums it over the quad)."""
+        lane = tidx % 32
+        n_min, n_max = n_range
+        k2 = softmax.softmax_scale_log2
+        rb = self.q_row_bytes
+        kk = rb // 16
+        kv_head = t.head // shape.qhead_per_kvhead
+        k_base = redo.k_ptr.toint() + 2 * (Int64(t.k_start) * redo.k_stride_s
+                                           + Int64(kv_head) * redo.k_stride_h
+                                           + Int64(t.k_b) * redo.k_stride_b)
+        v_base = redo.v_ptr.toint() + 2 * (Int64(t.k_start) * redo.v_stride_s
+                                           + Int64(kv_head) * redo.v_stride_h
+                                           + Int64(t.k_b) * redo.v_stride_b)
+        rows = [_frag_row(tidx, r) for r in range(2)]  # inside the tile
+        lims = [self.binfo.col_limits(t.m_block * self.tile_m + rows[r], 0, t.sq, t.sk,
+                                      shape.window_left, shape.window_right) for r in range(2)]
+        acc_O = f.acc_O_mn
+        n_cols = cute.size(acc_O, mode=[1])
+        for r in cutlass.range_constexpr(2):
+            for c in cutlass.range_constexpr(n_cols):
+                acc_O[r, c] = Float32(0.0)
+        # The running max and sum are loop-carried scalars (the DSL carries named values,
+        # not list items).
+        m0 = -Float32.inf
+        m1 = -Float32.inf
+        l0 = Float32(0.0)
+        l1 = Float32(0.0)
+        for j in cutlass.range(n_min * self.tile_n, cutlass.min(n_max * self.tile_n, t.sk),
+                               unroll=1):
+            s = [Float32(0.0), Float32(0.0)]
+            krow = k_base + 2 * Int64(j) * redo.k_stride_s
+            for ch in cutlass.range_constexpr(self.hd // 8):
+                kw = _ld_global_v4(krow + Int64(ch * 16))
+                qw = [_ld_shared_v4(q_addr + _swizzled_offset(rows[r], ch % kk, ch // kk,
+                                                              self.tile_m, rb))
+                      for r in range(2)]
+                for e in cutlass.range_constexpr(8):
+                    unpack = _bf16_lo if e % 2 == 0 else _bf16_hi
+                    kf = unpack(kw[e // 2])
+                    for r in cutlass.range_constexpr(2):
+                        s[r] = s[r] + unpack(qw[r][e // 2]) * kf
+            sv = [Float32(cutlass.select_((j >= lims[r][0]) & (j < lims[r][1]), s[r],
+                                          -Float32.inf)) for r in range(2)]
+            m_new = [cute.arch.fmax(m, sv[r]) for r, m in enumerate((m0, m1))]
+            base = [Float32(cutlass.select_(m_new[r] == -Float32.inf, Float32(0.0),
+                                            m_new[r] * k2)) for r in range(2)]
+            c_old = [cute.math.exp2(m * k2 - base[r], fastmath=True)
+                     for r, m in enumerate((m0, m1))]
+            p = [cute.math.exp2(sv[r] * k2 - base[r], fastmath=True) for r in range(2)]
+            l0 = l0 * c_old[0] + p[0]
+            l1 = l1 * c_old[1] + p[1]
+            m0 = m_new[0]
+            m1 = m_new[1]
+            vrow = v_base + 2 * Int64(j) * redo.v_stride_s
+            for c in cutlass.range_constexpr(0, n_cols, 2):
+                w = _ld_global_u32(vrow + Int64(2 * (_frag_col_static(c) + 2 * (lane % 4))))
+                for r in cutlass.range_constexpr(2):
+                    acc_O[r, c] = acc_O[r, c] * c_old[r] + p[r] * _bf16_lo(w)
+                    acc_O[r, c + 1] = acc_O[r, c + 1] * c_old[r] + p[r] * _bf16_hi(w)
+        first = lane % 4 == 0
+        f.row_max[0] = m0
+        f.row_max[1] = m1
+        f.row_sum[0] = Float32(cutlass.select_(first, l0, Float32(0.0)))
+        f.row_sum[1] = Float32(cutlass.select_(first, l1, Float32(0.0)))
 
     @cute.jit
     def online_softmax(self, f: _Frags, scale_log2):
