@@ -31,11 +31,33 @@ torch, no CUDA.
 
 from __future__ import annotations
 
+import enum
 import inspect
 from collections import namedtuple
 from dataclasses import dataclass
 
 ABI_VERSION = 5
+
+
+class SeqMode(enum.IntFlag):
+    """Bits of the launch value ``seq_mode``: which per-batch-entry length sources a launch uses.
+
+    Plain varlen sets ``VARLEN | VARLEN_K``; paged KV with packed queries (chunked prefill) sets
+    ``VARLEN | USED_K``. ``COMPACT`` (with ``VARLEN``, prefill kernels only): the tile indices
+    the scheduler hands out count only the non-empty m-blocks of the documents."""
+
+    NONE = 0
+    VARLEN = 1  # packed q documents (cu_seqlens_q)
+    USED_Q = 2  # seqused_q cuts each entry's query rows
+    USED_K = 4  # seqused_k cuts each entry's keys
+    VARLEN_K = 8  # packed k/v documents (cu_seqlens_k)
+    COMPACT = 16  # varlen tiles counted compactly
+
+
+# What a kernel supports beyond plain (batch, seqlen) attention: the manifest's
+# ``launch.capabilities``; the planner refuses a call that needs one its kernel lacks.
+CAPABILITIES = ("varlen", "window", "seqused", "paged", "split_kv", "pack_gqa", "softcap",
+                "trace")
 # The decode kernels load a key block of K/V in TMA boxes of ``kv_box_rows`` keys (a launch
 # value: the whole n tile for contiguous K/V, gcd(page_size, n tile) with paged KV, so that a box
 # never crosses a page); their shared-memory stage is laid out in KV_CHUNK-key pieces, and a box
@@ -76,6 +98,16 @@ class KernelSpec:
         for g in self.groups:
             yield from g.args
 
+    def group(self, name: str) -> "Group":
+        """The group called ``name`` (``Ptrs``, ``Strides``, ``Shape``, ``Softmax``, ``Redo``)."""
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise KeyError(f"{self.family} has no group {name!r}")
+
+    def arg_names(self, group: str) -> tuple:
+        return tuple(a.name for a in self.group(group).args)
+
     def group_types(self) -> dict:
         """{group name: NamedTuple type} with the spec's field names, in order (one set of
         types per spec: the kernels' annotations and the build's values must be the same
@@ -110,8 +142,8 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
         ("trace_ptr", "i64", 8, "int64 trace buffer (trace kernels only; null otherwise)"),
         ("cu_seqlens_q", "i32", 4, "int32 (batch + 1) document offsets of packed q (varlen)"),
         ("cu_seqlens_k", "i32", 4, "int32 (batch + 1) document offsets of packed k/v (varlen)"),
-        ("seqused_q", "i32", 4, "int32 (batch,) used query rows per batch entry (seq_mode bit 2)"),
-        ("seqused_k", "i32", 4, "int32 (batch,) used keys per batch entry (seq_mode bit 4)"),
+        ("seqused_q", "i32", 4, "int32 (batch,) used query rows per batch entry (SeqMode.USED_Q)"),
+        ("seqused_k", "i32", 4, "int32 (batch,) used keys per batch entry (SeqMode.USED_K)"),
         ("page_table", "i32", 4, "paged KV (decode kernels): int32 (batch, pages_per_seq) page "
                                  "indices into k/v (num_pages, page_size, kv_heads, d)"),
     ),
@@ -137,8 +169,8 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
                            "packed GQA)"),
              ("num_splits", "split-KV: key ranges per tile (1 = no split)"),
              ("acc_rows", "split-KV: rows of the partial buffers (batch * seqlen_q, or total_q)"),
-             ("seq_mode", "bit 1: varlen (cu_seqlens); bit 2: seqused_q; bit 4: seqused_k; "
-                          "bit 8: packed k/v; bit 16: varlen tiles counted compactly"),
+             ("seq_mode", "SeqMode bits: 1 varlen (cu_seqlens); 2 seqused_q; 4 seqused_k; "
+                          "8 packed k/v; 16 varlen tiles counted compactly"),
              ("window_left", "local mask: keys visible down to row + sk - sq - window_left"),
              ("window_right", "local mask: keys visible up to row + sk - sq + window_right"),
              ("page_size", "paged KV: keys per page (a multiple of 16); 0 = contiguous K/V"),
@@ -165,15 +197,21 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
 ))
 
 # ------------------------------------------------------------------ the forward, sm_100a
+def _subset(spec: KernelSpec, group: str, names) -> Group:
+    """Group ``group`` of ``spec`` restricted to ``names`` (kept in the spec's order)."""
+    return Group(group, tuple(a for a in spec.group(group).args if a.name in names))
+
+
 FWD_SM100 = KernelSpec("fwd_sm100", ("q", "k", "v"), (
-    Group("Ptrs", tuple(a for a in FWD_SM90.groups[0].args
-                        if a.name in ("o_ptr", "lse_ptr", "sched_ptr", "trace_ptr"))),
-    Group("Strides", tuple(a for a in FWD_SM90.groups[1].args if a.name.startswith("o_"))),
-    Group("Shape", tuple(a for a in FWD_SM90.groups[2].args if a.name in (
-        "seqlen_q", "seqlen_k", "num_heads", "qhead_per_kvhead", "num_m_blocks", "section",
-        "num_tiles"))),
-    Group("Softmax", FWD_SM90.groups[3].args[:2]),
+    _subset(FWD_SM90, "Ptrs", ("o_ptr", "lse_ptr", "sched_ptr", "trace_ptr")),
+    _subset(FWD_SM90, "Strides", ("o_stride_s", "o_stride_h", "o_stride_b")),
+    _subset(FWD_SM90, "Shape", ("seqlen_q", "seqlen_k", "num_heads", "qhead_per_kvhead",
+                                "num_m_blocks", "section", "num_tiles")),
+    _subset(FWD_SM90, "Softmax", ("softmax_scale_log2", "softmax_scale")),
 ))
+
+# The output and LSE strides, shared by the forward and the combine kernel.
+OUT_STRIDES = ("o_stride_s", "o_stride_h", "o_stride_b", "lse_stride_h", "lse_stride_b")
 
 # ------------------------------------------------------------------ split-KV combine, sm_90a
 COMBINE_SM90 = KernelSpec("combine_sm90", (), (
@@ -183,7 +221,7 @@ COMBINE_SM90 = KernelSpec("combine_sm90", (), (
         ("o_ptr", "io", 16, "output, (batch, seqlen_q, heads, d)"),
         ("lse_ptr", "f32", 4, "fp32 LSE, (batch, heads, seqlen_q) / varlen (heads, total_q)"),
     ),
-    Group("Strides", FWD_SM90.groups[1].args[3:8]),
+    _subset(FWD_SM90, "Strides", OUT_STRIDES),
     _scalars("Shape", "i32",
              ("num_splits", "partial results per row"),
              ("acc_rows", "rows of the partial buffers (batch * seqlen_q, or total_q)"),
@@ -281,7 +319,27 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
         "pack_gqa": cfg.decode,
         "needs_counter": cfg.scheduler == "steal",
         "trace": cfg.trace,
+        "capabilities": capabilities(cfg),
     }
+
+
+def capabilities(cfg) -> list[str]:
+    """The :data:`CAPABILITIES` of a kernel configuration (its manifest record says them, so
+    the runtime never guesses them from parameter names)."""
+    if cfg.kind == "combine":
+        return []
+    caps = set()
+    if cfg.arch == "sm_90a":  # seq_mode: cu_seqlens and seqused_q/k at run time
+        caps |= {"varlen", "seqused"}
+    if cfg.local:  # the window sizes are launch values
+        caps.add("window")
+    if cfg.decode:
+        caps |= {"paged", "split_kv", "pack_gqa", "softcap"}
+    if cfg.softcap:
+        caps.add("softcap")
+    if cfg.trace:
+        caps.add("trace")
+    return [c for c in CAPABILITIES if c in caps]
 
 
 def check_signature(spec: KernelSpec, call) -> list[str]:
