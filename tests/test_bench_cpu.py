@@ -463,25 +463,3 @@ def test_timed_rounds_records_the_provider_before_each_repeat():
     assert all(len(t) == 6 for t, _ in out.values())
     with pytest.raises(RuntimeError):
         bl.timed_rounds(provs, 6, flaky)
-
-
-def test_power_probe_smi_means():
-    """The experiment probes' nvidia-smi parsing (tools/experiments/power_probe.py): means of
-    power and SM clock, a leading fraction of the samples dropped, NaN when none came."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tools.experiments.power_probe import _smi_means
-
-    class Smi:
-        def __init__(self, text):
-            self.text, self.ended = text, False
-
-        def terminate(self):
-            self.ended = True
-
-        def communicate(self):
-            return self.text, None
-
-    smi = Smi("100.5, 1500\n200.5, 1700\n\n300, 1900\n400, 2100\n")
-    assert _smi_means(smi) == (250.25, 1800.0) and smi.ended
-    assert _smi_means(Smi(smi.text), drop=0.5) == (350.0, 2000.0)
-    assert all(math.isnan(x) for x in _smi_means(Smi("")))

@@ -452,40 +452,6 @@ def test_best_manifest_shows_each_kernels_chosen_ptxas(capsys, tmp_path):
     assert rc == 1 and "fwd_spill (ptxas 12.9.86)" in err and "fwd_clean" not in err
 
 
-# --------------------------------------------------------------------------- name experiment helpers
-
-
-def test_name_experiment_masks_names_and_counts_opcodes():
-    from tools.experiments import name_experiment as ne
-
-    sass = (FIXTURES / "wg_gemm.ptxas-13.1.115.nvdisasm.txt").read_text()
-    insns = ne.sass_instructions(sass, [WG_ENTRY])
-    assert insns[:2] == ["LDC R1, c[0x0][0x28]", "S2R R0, SR_TID.X"]
-    assert not any(WG_ENTRY in i or "/*" in i for i in insns)
-    hist = ne.opcode_histogram(["@P0 BRA `(.L_x_0)", "@!P1 IMAD.MOV.U32 R1, RZ, RZ, R2", "BRA `(.L_x_1)"])
-    assert hist == {"BRA": 2, "IMAD.MOV.U32": 1}
-    assert ne.histogram_distance(hist, ne.opcode_histogram(["MOV R1, R2", "BRA x", "BRA y"])) == 2
-    assert ne.changed_lines(["A", "B", "C"], ["A", "B", "C"]) == 0
-    assert ne.changed_lines(["A", "B", "C"], ["A", "X", "C", "D"]) == 2
-
-
-def test_name_experiment_renames_entries_and_their_params():
-    from tools.experiments import name_experiment as ne
-
-    text = WG_PTX.read_text()
-    assert "cutlass" in WG_ENTRY
-    for variant, token in (("neutral", "neutral"), ("control", ne.CONTROL_TOKEN)):
-        renamed, mapping = ne.rename_entries(text, variant)
-        assert mapping == {WG_ENTRY: WG_ENTRY.replace("cutlass", token)}
-        assert "cutlass" not in renamed  # the entry and its <entry>_param_N names
-        assert ne.normalized_ptx(renamed) == ne.normalized_ptx(text)
-    assert ne.rename_entries(text, "cutlass")[0] == text
-    assert ne.variant_name("fa4aot_k_0", "cutlass") == "fa4aot_k_0_cutlass"
-    assert ne.variant_name("fa4aot_k_0", "control") == f"fa4aot_k_0_{ne.CONTROL_TOKEN}"
-    assert ne.variant_name("fa4aot_k_0", "neutral") == "fa4aot_k_0"
-    assert len(ne.CONTROL_TOKEN) == len("cutlass")
-
-
 def test_ptxas_performance_warnings_are_shown(capsys, manifest, tmp_path):
     """A kernel whose ptxas log carried C7512 (wgmma serialised) is named in every format."""
     data = json.loads(Path(manifest).read_text())

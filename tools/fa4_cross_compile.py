@@ -1,10 +1,12 @@
-"""Cross-compile upstream FlashAttention-4's forward kernels on a machine without a GPU, keeping
+"""How many registers and spills do upstream FA4's kernels get from a given ptxas?
+
+Cross-compile upstream FlashAttention-4's forward kernels on a machine without a GPU, keeping
 the PTX (and the DSL's own cubin), so that ``build_tools/spill_report.py`` can report on them.
 
     # FA4 and its dependencies in any environment with nvidia-cutlass-dsl (no GPU needed), e.g.
     pip install --target /tmp/fa4cpu --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 \\
         apache-tvm-ffi torch-c-dlpack-ext einops triton
-    PYTHONPATH=/tmp/fa4cpu .venv/bin/python tools/fa4_cross_compile.py --out /tmp/fa4_ptx \\
+    PYTHONPATH=/tmp/fa4cpu .venv/bin/python -m tools.fa4_cross_compile --out /tmp/fa4_ptx \\
         sm_90a:bf16:128:causal sm_100a:bf16:128:causal
     .venv/bin/python build_tools/spill_report.py /tmp/fa4_ptx/*/*.ptx --ptxas 13.1
 

@@ -1,11 +1,12 @@
-"""Fill an experiment artifacts folder with the shipped kernels it lacks (by configuration key),
-so that every call of a shape finds its kernel there (``ab_artifacts.py`` / ``power_probe.py
---variants``). A causal call looks up the 128-key kernel before it moves to the 176-key one
-(``interface._long_kv_instead``), so a folder holding only a patched 176-key kernel fails on
+"""Which shipped kernels does an experiment folder lack? Copies them in (CPU only, repo root).
+
+Fill an experiment artifacts folder with the shipped kernels it lacks (by configuration key),
+so that every call of a shape finds its kernel there (``python -m tools.ab_artifacts``). A causal call looks up the 128-key kernel before it moves to the 176-key one
+(docs/design.md#kernel-choice), so a folder holding only a patched 176-key kernel fails on
 the first lookup; and ``variants.py m192-...`` at hd128 gives the 128- and 176-key tables the
 same tile, hence the same kernel name, and keeps one of the two records.
 
-    python tools/experiments/fill_variant.py .exp/x2 [.exp/other ...] [--match sm_90a_bf16_hd128]
+    python -m tools.fill_variant .exp/x2 [.exp/other ...] [--match sm_90a_bf16_hd128]
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):

@@ -1,10 +1,12 @@
-"""In-process A/B of artifact folders: variants taken in turn every round in one process, so
-clock and thermal drift hit them alike (separate processes moved ±5 % between runs), in the
+"""Is kernel variant B faster than A, and bitwise equal? An in-process A/B of artifacts folders.
+
+Run from the repo root on an sm_90 GPU. The variants are taken in turn every round in one
+process, so clock and thermal drift hit them alike (separate processes moved ±5 % between runs), in the
 orders of bench/benchlib.py's round_order (each variant in every position and after every other
 equally often; with three variants or more the earlier order, reversed every other round,
 favoured the middle one: docs/perf-notes.md v24).
 
-    python tools/experiments/ab_artifacts.py base=artifacts vl=.exp/h128 \\
+    python -m tools.ab_artifacts base=artifacts vl=.exp/h128 \\
         --shapes '2,16,8192,128;2,16,8192,128,c;docs:16384+512*32,16,128,c' --rounds 9
 
 A shape is ``B,H,S,D[,c|wN]`` (dense, ``c``: causal, ``wN``: sliding window (N, 0)),
@@ -17,8 +19,8 @@ or ``kv:B,SQ,SK,H,HK[,D]``: the same with contiguous (B, SK, HK, D) K/V (decode 
 
 A variant ``name=folder:CONST=value`` also sets launch values of ``fa4_aot.schedule`` while it
 runs (``wide=artifacts:LONG_KV_KEYS=0``: the shipped kernels under another launch rule).
-A variant folder may hold only the kernels it changes (built with tools/experiments/
-variants.py --only ...); every call of a shape must find its kernel there. Outputs are
+A variant folder may hold only the kernels it changes (built with
+``python -m tools.variants ... --only ...``, completed by ``python -m tools.fill_variant``); every call of a shape must find its kernel there. Outputs are
 compared bitwise against the first variant's. Prints median TFLOP/s per variant and the ratio
 to the first (with the spread over rounds).
 """
@@ -33,12 +35,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-import fa4_aot  # noqa: E402
-from fa4_aot import interface, manifest, runtime, schedule  # noqa: E402
-from bench.benchlib import doc_lens, round_order, visible_pairs  # noqa: E402
-from bench.bench_decode import paged_inputs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+import fa4_aot
+from fa4_aot import interface, manifest, runtime, schedule
+from bench.benchlib import doc_lens, round_order, visible_pairs
+from bench.bench_decode import paged_inputs
 
 
 class Variant:

@@ -1,6 +1,6 @@
-"""tools/experiments/sass_loops.py on a small synthetic ``cuobjdump -sass`` listing (CPU only)."""
+"""tools/sass_loops.py on a small synthetic ``cuobjdump -sass`` listing (CPU only)."""
 
-from tools.experiments.sass_loops import instructions, loops, main, pacing_order
+from tools.sass_loops import instructions, loops, main, pacing_order
 
 
 def _sass(lines):

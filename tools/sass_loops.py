@@ -1,9 +1,11 @@
-"""The loops of a kernel's SASS: length, instruction mix, and the order of the instructions that
+"""What does a kernel's key-block loop look like in SASS? (CPU only, repo root.)
+
+The loops of a kernel's SASS: length, instruction mix, and the order of the instructions that
 pace a key block (wgmma issue and waits, barriers, exponentials, conversions), runs compressed.
 
     cuobjdump -sass artifacts/sm_90a/<kernel>.cubin > k.sass   # the build's cuobjdump, with
                                                               # its nvdisasm on PATH
-    python tools/experiments/sass_loops.py k.sass [--min 400]
+    python -m tools.sass_loops k.sass [--min 400]
 
 Two lines per innermost loop of at least ``--min`` instructions, e.g. the unmasked key-block
 loop of the 160-key causal kernel, where the wait for the PV wgmma (``DEPBAR.0``) comes right
@@ -23,10 +25,8 @@ import collections
 import itertools
 import re
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from build_tools.inspect_cubin import _SASS_INSN_RE  # noqa: E402
+from build_tools.inspect_cubin import _SASS_INSN_RE
 
 PACING = ("HGMMA", "WARPGROUP.DEPBAR", "MUFU", "F2FP", "BAR.", "SHFL", "SYNCS", "FFMA", "FADD",
           "VOTE")

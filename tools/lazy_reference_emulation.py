@@ -1,8 +1,11 @@
-"""The arithmetic of ``Tile.lazy_reference`` (docs/perf-notes.md v36-v37) emulated in numpy
-float32, row by row as the causal 160-key kernel does it, to see which inputs break the lazy
-reference and whether the tile-end guard catches every such row. CPU only.
+"""Which inputs break the lazy reference, and does its guard catch every such row?
 
-    python tools/experiments/lazy_reference_emulation.py [--keys 2048] [--scales 1,10,30,60,200]
+The arithmetic of ``Tile.lazy_reference`` (docs/design.md#lazy-reference, docs/perf-notes.md
+v36-v37) emulated in numpy float32, row by row as the causal 160-key kernel does it, to see which inputs break the lazy
+reference and whether the tile-end guard catches every such row. CPU only;
+run from the repo root (tests: tools/tests/test_lazy_reference_emulation.py).
+
+    python -m tools.lazy_reference_emulation [--keys 2048] [--scales 1,10,30,60,200]
 
 Per scale (q scaled by it: scores ``scale`` times randn's), one head, causal: the rows whose
 lazy result is NaN, the rows the guard flags (a running peak of the blocks' P above 2^100, or

@@ -1,7 +1,7 @@
-"""tools/experiments/ncu_source_summary.py on a small synthetic ``ncu --page source --csv``
+"""tools/ncu_source_summary.py on a small synthetic ``ncu --page source --csv``
 table (CPU only)."""
 
-from tools.experiments.ncu_source_summary import kernels, main
+from tools.ncu_source_summary import kernels, main
 
 CSV = '''"Kernel Name","k_demo",""
 "Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier","stall_long_sb","stall_wait"

@@ -1,7 +1,9 @@
-"""Build experiment variants of the kernels: the shipped configurations with another tile or
+"""How would a kernel with another tile or mainloop schedule do? Builds it (CPU only).
+
+Build experiment variants of the kernels: the shipped configurations with another tile or
 mainloop schedule, into a separate artifacts folder, for side-by-side measurements.
 
-    python tools/experiments/variants.py noovl-nopp --only 'sm_90a_bf16_hd128_full_single' \\
+    python -m tools.variants noovl-nopp --only 'sm_90a_bf16_hd128_full_single' \\
         --out /tmp/exp_noovl_nopp [--ptxas 13.1] [--jobs 1]
     FA4_AOT_ARTIFACTS=/tmp/exp_noovl_nopp python bench/bench_fwd.py ...
 
@@ -30,7 +32,7 @@ configurations, the build and the runtime know nothing of variants.
 
 Ablations that needed kernel code (the P conversion as a plain ``.to()``, docs/perf-notes.md
 v7; varlen tiles handed to the consumers instead of skipped, v8) were kernel switches in the
-sources of their time; docs/perf-notes.md says how to reproduce them.
+sources of their time; their rows in docs/perf-notes.md name the commit that had them.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]
 
 ENV = "FA4_AOT_EXPERIMENT_VARIANT"
 
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
     for name, cs in shared_names(a.only).items():
         print(f"variants: {len(cs)} configurations share the name {name} (keys "
               f"{[c.key for c in cs]}); the manifest keeps one of them "
-              f"(tools/experiments/fill_variant.py adds the shipped kernels for the others)",
+              f"(tools/fill_variant.py adds the shipped kernels for the others)",
               file=sys.stderr)
     from build_tools import build
     build._compile_worker = _compile_worker  # the pool pickles it by reference

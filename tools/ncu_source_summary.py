@@ -1,20 +1,22 @@
-"""Summarise ncu's per-instruction source counters, one block per kernel of a report.
+"""Where do a kernel's warps stall, and in which loop? A summary of ncu's per-instruction
+source counters, one block per kernel of a report.
 
-Collect on the GPU box (any probe of this folder profiles exactly its calls):
+Collect on the GPU box (bench/one_call.py makes one call of a shape, warm-ups outside the
+profiled range):
 
     ncu --profile-from-start off --clock-control none --section SourceCounters \\
         --section WarpStateStats --import-source no -o rep \\
-        python tools/experiments/paged_probe.py --ncu
+        python bench/one_call.py ...
     ncu --import rep.ncu-rep --page source --csv --print-source sass > src.csv
 
-then, anywhere (stdlib only):
+then, anywhere, from the repo root (stdlib only):
 
-    python tools/experiments/ncu_source_summary.py src.csv [--top 8]
+    python -m tools.ncu_source_summary src.csv [--top 8]
 
 Per kernel: warp-stall samples by reason; the instructions grouped by how often each ran (a
 loop body shows up as one execution count: ``ex=67584, 484 instructions`` is a key-block loop
 of 484 instructions run 67,584 times per warp-sum), with their share of the samples; and the
-instructions with the most samples of the main stall reasons. This is how perf-notes v13 found
+instructions with the most samples of the main stall reasons. This is how docs/perf-notes.md v13 found
 the packed-Q copy (a 100-instruction loop, ~5 % of the samples) and the ping-pong barrier wait.
 """
 

@@ -1,9 +1,11 @@
-"""Accuracy on inputs whose row max keeps moving, by FA's rule (``fa4_aot.testing``), for the
+"""Are the kernels accurate when the row max keeps moving? Run on an sm_90 GPU, repo root.
+
+Accuracy on inputs whose row max keeps moving, by FA's rule (``fa4_aot.testing``), for the
 kernels in ``$FA4_AOT_ARTIFACTS`` (or the installed ones): the lazy row max (``Tile.lazy_rescale``,
 docs/perf-notes.md v22) against the kernels of another folder, run once per folder.
 
-    FA4_AOT_ARTIFACTS=artifacts python tools/experiments/moving_max_accuracy.py 64 128
-    FA4_AOT_ARTIFACTS=.exp/lz10 python tools/experiments/moving_max_accuracy.py 128 --kinds
+    FA4_AOT_ARTIFACTS=artifacts python -m tools.moving_max_accuracy 64 128
+    FA4_AOT_ARTIFACTS=.exp/lz10 python -m tools.moving_max_accuracy 128 --kinds
         randn,x10,x30,x60,rising,outlier   (v36: x30 and x60 overflow an unguarded lazy reference)
 
 Cases (1 x 4 heads x 2048 keys, bf16): ``fa4_aot.testing.moving_max_inputs`` (plain randn;
@@ -16,11 +18,9 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import fa4_aot  # noqa: E402
-from fa4_aot.testing import (MOVING_MAX_KINDS, attention_ref, error_and_bound,  # noqa: E402
+import fa4_aot
+from fa4_aot.testing import (MOVING_MAX_KINDS, attention_ref, error_and_bound,
                              moving_max_inputs)
 
 

@@ -1,14 +1,10 @@
 """Tile.lazy_reference's overflow guard, on the numpy emulation of its arithmetic
-(tools/experiments/lazy_reference_emulation.py; docs/perf-notes.md v37). CPU only."""
-
-import sys
-from pathlib import Path
+(tools/lazy_reference_emulation.py; docs/perf-notes.md v37). CPU only."""
 
 import pytest
 
 np = pytest.importorskip("numpy")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "experiments"))
-import lazy_reference_emulation as emu  # noqa: E402
+from tools import lazy_reference_emulation as emu  # noqa: E402
 
 
 def test_guard_catches_every_wrong_row():
