@@ -14,6 +14,14 @@ configuration with an ETA and end with a one-line verdict (``build_verdict``:
 "169 kernels: 0 spill, 0 ptxas warnings, manifest artifacts/manifest.json";
 ``reproducibility_verdict``); ``--report`` runs the spill report before the verdict.
 
+The manifest is rewritten (atomically: temp file + rename) after every finished kernel, so an
+interrupted build keeps what it finished. Ctrl-C (SIGINT) or SIGTERM ends the compile workers at
+once and the build with one line ("fa4_aot build: interrupted (SIGINT); 32 of 253 kernels kept
+in artifacts/manifest.json, run again to build the rest") and exit status 128 + the signal
+(130 for Ctrl-C, 143 for SIGTERM); the next run builds only the missing kernels. A compile
+worker that dies (killed, out of memory) fails its configuration alone, named, like a compile
+error; the build goes on and exits 1.
+
 ``--ptxas best`` assembles each configuration's PTX with every candidate ptxas (default: all of
 ``toolchain.SUPPORTED_PTXAS``, i.e. 12.9 and 13.0 ... 13.5; restrict with ``--best-candidates``
 or ``$FA4_AOT_BEST_CANDIDATES``) and ships, per kernel, the cubin of the candidate that ranks
@@ -37,13 +45,17 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -166,6 +178,188 @@ def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool
     info = _assemble_checked(cfg, tc, ptx_path, ptx_text, kdir / f"{cfg.name}.cubin",
                              kdir / f"{cfg.name}.ptxas.log", isa_rewrite, compiled["entry"])
     return _record(cfg, tc, info, compiled, ptx_text)
+
+
+# --------------------------------------------------------------------------- workers, interrupts
+
+
+class _Interrupted(BaseException):
+    """SIGINT / SIGTERM during the build loop (a BaseException: no ``except Exception``
+    swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class BuildInterrupted(Exception):
+    """The build stopped on SIGINT / SIGTERM; ``message`` is the one line for the user and
+    ``exit_code`` 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum, self.message, self.exit_code = signum, message, 128 + signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGINT and SIGTERM raise _Interrupted in the main thread (once: a second signal during
+    the cleanup is ignored); the previous handlers come back on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum, frame):
+        for s in sigs:
+            signal.signal(s, signal.SIG_IGN)
+        raise _Interrupted(signum)
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Write the manifest atomically (temp file + rename): a reader, or a build interrupted
+    at any moment, sees the previous complete manifest or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# The worker process: `python -c WORKER_BOOT ROOT TARGET CFG_JSON PTX RESULT`.
+_WORKER_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); " \
+    "from build_tools.build import _worker_main; sys.exit(_worker_main(sys.argv[2:]))"
+# Tests: a compile worker whose configuration name matches this regex kills itself (SIGKILL),
+# as an out-of-memory kill would.
+KILL_WORKER_ENV = "FA4_AOT_TEST_KILL_WORKER"
+
+
+def _worker_target() -> str:
+    """How a worker finds ``_compile_worker`` (tools/variants.py replaces it): ``module:name``,
+    or ``path:FILE:name`` for a function of a script run as __main__."""
+    fn = _compile_worker
+    module = fn.__module__
+    if module in ("__main__", "__mp_main__"):
+        return f"path:{Path(sys.modules[module].__file__).resolve()}:{fn.__qualname__}"
+    return f"{module}:{fn.__qualname__}"
+
+
+def _worker_main(argv: list[str]) -> int:
+    """One configuration's DSL compile in a fresh process (the DSL names entries with a
+    per-process counter); the result (or the error) goes to a JSON file."""
+    target, cfg_json, ptx_path, result_path = argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the build process ends its workers
+    cfg_dict = json.loads(cfg_json)
+    pattern = os.environ.get(KILL_WORKER_ENV)
+    if pattern and re.search(pattern, KernelConfig.from_dict(cfg_dict).name):
+        os.kill(os.getpid(), signal.SIGKILL)
+    import importlib
+    import importlib.util
+    if target.startswith("path:"):
+        _, file, name = target.split(":", 2)
+        spec = importlib.util.spec_from_file_location("_fa4aot_build_worker_target", file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        modname, name = target.split(":", 1)
+        module = importlib.import_module(modname)
+    try:
+        result, rc = {"ok": getattr(module, name)(cfg_dict, ptx_path)}, 0
+    except Exception as e:  # reported by the build, named with the configuration
+        import traceback
+        traceback.print_exc()
+        result, rc = {"error": f"{type(e).__name__}: {e}"}, 1
+    tmp = f"{result_path}.tmp"
+    Path(tmp).write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+    return rc
+
+
+class _WorkerPool:
+    """Up to ``jobs`` compile workers, one fresh process per configuration, each in its own
+    session (a terminal's Ctrl-C reaches the build process alone, which ends them: kill())."""
+
+    POLL_S = 0.1
+
+    def __init__(self, jobs: int):
+        self.jobs = max(1, jobs)
+        self.tmp = Path(tempfile.mkdtemp(prefix="fa4aot_build_"))
+        self.running: dict[subprocess.Popen, tuple] = {}
+
+    def _start(self, task, n: int):
+        cfg, fp, ptx = task
+        result = self.tmp / f"{n}.json"
+        log = tempfile.TemporaryFile(dir=self.tmp)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOT, str(ROOT), _worker_target(),
+             json.dumps(cfg.to_dict()), ptx, str(result)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            start_new_session=True)
+        self.running[proc] = (task, result, log)
+
+    def run(self, tasks, on_done, on_fail):
+        """Compile every task ``(cfg, fingerprint, ptx_path)``; call ``on_done(cfg, fp,
+        compiled)`` or ``on_fail(cfg, why)`` in this thread as each worker ends."""
+        queue = list(tasks)
+        queue.reverse()
+        n = 0
+        while queue or self.running:
+            while queue and len(self.running) < self.jobs:
+                self._start(queue.pop(), n)
+                n += 1
+            ended = [p for p in self.running if p.poll() is not None]
+            if not ended:
+                time.sleep(self.POLL_S)
+                continue
+            outcomes = [(p, self.running.pop(p)) for p in ended]
+            while queue and len(self.running) < self.jobs:  # refill before the ptxas work
+                self._start(queue.pop(), n)
+                n += 1
+            for proc, ((cfg, fp, _), result, log) in outcomes:
+                try:
+                    data = json.loads(result.read_text()) if result.exists() else {}
+                finally:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
+                    log.close()
+                    result.unlink(missing_ok=True)
+                if proc.returncode == 0 and "ok" in data:
+                    on_done(cfg, fp, data["ok"])
+                elif "error" in data:
+                    on_fail(cfg, data["error"])
+                elif proc.returncode < 0:
+                    on_fail(cfg, f"the compile worker died of {signal.Signals(-proc.returncode).name}"
+                            + (f" ({' | '.join(tail)})" if tail else ""))
+                else:
+                    on_fail(cfg, f"the compile worker exited with status {proc.returncode}"
+                            + (f": {' | '.join(tail)}" if tail else ""))
+
+    def kill(self):
+        """End every running worker (and anything it started) at once."""
+        for proc in self.running:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+        for proc, (_, _, log) in list(self.running.items()):
+            proc.wait()
+            log.close()
+        self.running.clear()
+
+    def close(self):
+        self.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- --ptxas best
@@ -409,35 +603,7 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
     results, failures = {}, {}
     for arch in {c.arch for c, _ in todo}:
         (out / arch).mkdir(parents=True, exist_ok=True)
-    # --ptxas best: the candidate assemblies of a configuration run in these threads.
-    asm_pool = cf.ThreadPoolExecutor(max_workers=max(jobs, 1)) if best else None
-    with cf.ProcessPoolExecutor(max_workers=jobs, max_tasks_per_child=1) as pool:
-        futs = {pool.submit(_compile_worker, cfg.to_dict(),
-                            str(out / cfg.arch / f"{cfg.name}.ptx")): (cfg, fp)
-                for cfg, fp in todo}
-        done = 0
-        for fut in cf.as_completed(futs):
-            cfg, fp = futs[fut]
-            done += 1
-            try:
-                if best:
-                    rec = build_one_best(cfg, tcs, out, fut.result(), asm_pool)
-                else:
-                    rec = build_one(cfg, tc, out, isa_rewrite, fut.result())
-                rec["fingerprint"] = fp
-                results[cfg.name] = rec
-                warn = warning_codes(rec.get("ptxas_diagnostics", ()))
-                _progress(done, len(todo), cfg.name,
-                          "ok" + (f", ptxas warns {','.join(warn)}" if warn else ""), t0)
-            except Exception as e:  # a failing configuration must not stop the others
-                failures[cfg.name] = f"{type(e).__name__}: {e}"
-                _progress(done, len(todo), cfg.name, "FAILED", t0)
-    if asm_pool is not None:
-        asm_pool.shutdown()
-
-    kernels = {**{k: v for k, v in old_kernels.items() if k not in results}, **kept, **results}
     known = {c.name for c in space}
-    kernels = {k: kernels[k] for k in sorted(kernels) if k in known}
     if best:
         first = next(iter(tcs.values()))
         build_record = {
@@ -464,12 +630,62 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             "source_fingerprint": src_fp,
             "abi_version": abi.ABI_VERSION,
         }
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "build": build_record,
-        "kernels": kernels,
-    }
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+    def current_manifest() -> dict:
+        # Records of kernels still to build keep their old (stale) fingerprint: rebuilt next run.
+        kernels = {**{k: v for k, v in old_kernels.items() if k not in results}, **kept,
+                   **results}
+        return {"schema_version": SCHEMA_VERSION, "build": build_record,
+                "kernels": {k: kernels[k] for k in sorted(kernels) if k in known}}
+
+    def finished(cfg, fp, compiled):
+        """ptxas + inspection of one compiled configuration; its record goes into the
+        manifest on disk at once (an interrupted build keeps every finished kernel)."""
+        try:
+            if best:
+                rec = build_one_best(cfg, tcs, out, compiled, asm_pool)
+            else:
+                rec = build_one(cfg, tc, out, isa_rewrite, compiled)
+        except Exception as e:  # a failing configuration must not stop the others
+            failed(cfg, f"{type(e).__name__}: {e}")
+            return
+        rec["fingerprint"] = fp
+        results[cfg.name] = rec
+        write_manifest(manifest_path, current_manifest())
+        warn = warning_codes(rec.get("ptxas_diagnostics", ()))
+        _progress(len(results) + len(failures), len(todo), cfg.name,
+                  "ok" + (f", ptxas warns {','.join(warn)}" if warn else ""), t0)
+
+    def failed(cfg, why):
+        failures[cfg.name] = why
+        _progress(len(results) + len(failures), len(todo), cfg.name, "FAILED", t0)
+
+    # --ptxas best: the candidate assemblies of a configuration run in these threads.
+    asm_pool = cf.ThreadPoolExecutor(max_workers=max(jobs, 1)) if best else None
+    workers = _WorkerPool(jobs)
+    with _signals_interrupt():  # a second signal during the cleanup below is ignored
+        try:
+            if todo:  # the manifest on disk names this build's toolchain from the start
+                write_manifest(manifest_path, current_manifest())
+            workers.run([(cfg, fp, str(out / cfg.arch / f"{cfg.name}.ptx")) for cfg, fp in todo],
+                        finished, failed)
+        except _Interrupted as e:
+            workers.kill()
+            if asm_pool is not None:
+                asm_pool.shutdown(wait=False, cancel_futures=True)
+            write_manifest(manifest_path, current_manifest())
+            raise BuildInterrupted(
+                e.signum, f"fa4_aot build: interrupted ({signal.Signals(e.signum).name}); "
+                f"{len(kept) + len(results)} of {len(configs)} kernels kept in "
+                f"{_display_path(manifest_path)}, run again to build the rest") from None
+        finally:
+            workers.close()
+    if asm_pool is not None:
+        asm_pool.shutdown()
+
+    manifest = current_manifest()
+    kernels = manifest["kernels"]
+    write_manifest(manifest_path, manifest)
     print(f"wrote {manifest_path} ({len(kernels)} kernels) in {time.time() - t0:.0f}s")
     for name, rec in sorted(results.items()):
         if best:
@@ -530,8 +746,13 @@ def check_reproducible(ptxas: str | None, jobs: int, only: str | None,
           f"ptxas {ptxas} and comparing each cubin's sha256 with {_display_path(committed_path)}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="fa4aot_repro_") as tmp:
-        rc = build(ptxas, Path(tmp), only, jobs, True, False, candidates=candidates,
-                   verdict=False)
+        try:
+            rc = build(ptxas, Path(tmp), only, jobs, True, False, candidates=candidates,
+                       verdict=False)
+        except BuildInterrupted as e:
+            raise BuildInterrupted(e.signum, "fa4_aot reproducibility check: interrupted ("
+                                   f"{signal.Signals(e.signum).name}); nothing was compared") \
+                from None
         fresh_path = Path(tmp) / "manifest.json"
         if not fresh_path.exists():  # the build stopped before writing anything
             return rc or 1
@@ -564,6 +785,20 @@ def check_reproducible(ptxas: str | None, jobs: int, only: str | None,
 
 
 def main(argv=None) -> int:
+    """The command line; SIGINT / SIGTERM end it with one line and 128 + the signal."""
+    try:
+        return _main(argv)
+    except BuildInterrupted as e:
+        sys.stdout.flush()
+        print(e.message, file=sys.stderr, flush=True)
+        return e.exit_code
+    except KeyboardInterrupt:  # before or after the build loop
+        sys.stdout.flush()
+        print("fa4_aot build: interrupted (SIGINT)", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ptxas", default=None,
                     help=f"ptxas release ({', '.join(tcm.SUPPORTED_PTXAS)}; default $PTXAS, else "
@@ -610,4 +845,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code > 128:  # interrupted: end now, without waiting for threads still running ptxas
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
