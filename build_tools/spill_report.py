@@ -1,7 +1,8 @@
 """Register / spill report for fa4_aot kernels and any other PTX or cubin, per ptxas version.
 
     python build_tools/spill_report.py                      # shipped kernels (artifacts/manifest.json)
-    python build_tools/spill_report.py --peaks              # ... with true register peaks from the SASS
+    python build_tools/spill_report.py --peaks              # ... reading every register peak from the SASS
+    python build_tools/spill_report.py --wide               # every column, whole paths
     python build_tools/spill_report.py --ptxas 12.9 13.0 13.1   # re-assemble the kept PTX with each
     python build_tools/spill_report.py --diff 13.0 13.1     # only kernels that change between two
     python build_tools/spill_report.py --ptxas 13.0 13.1 13.5 --diff 13.0 13.1  # all three, changed only
@@ -27,13 +28,29 @@ the shortest path suffix that tells it apart.  Every format has a ``path`` colum
 requests: from the manifest's launch ABI, 0 when the PTX declares no ``.extern .shared``, ``?``
 when it does and the size is only known at launch.  ``?`` = unknown, ``-`` = none.
 
-A file that cannot be read, assembled or inspected gets a row with its ``error`` and the run
-goes on.  Exit status, a sum of:
+The default table fits 160 columns: spill bytes and LDL/STL as store/load pairs, the stack and
+U-loops columns only when some kernel has one, no path column for a manifest's own cubins
+(``<folder>/<arch>/<kernel>.cubin``), long labels and paths cut in the middle (``…``); ``--wide``
+shows every column whole.  Notes follow the table, and the last line is the totals:
+``253 kernels, 0 spilling, max 240 registers, ptxas 13.1.115``.  ``json`` and ``csv`` carry
+every field of every row.
+
+The manifest report needs the manifest and the cubins only (an installed wheel has no PTX or
+ptxas logs).  ``peak``, ``roles`` and ``smem`` come from a cubin's SASS: ``--peaks`` reads them
+(~0.5 s a kernel) and keeps them in ``$FA4_AOT_CACHE/toolchains/reg_peaks`` (default
+``~/.cache/fa4_aot/toolchains/reg_peaks``, one file per cubin sha256); from then on every report
+shows them without ``--peaks``.
+
+A file (or a manifest's cubin) that is missing or cannot be read, assembled or inspected gets a
+row with its ``error`` (the tool's own message, e.g. cuobjdump's) and the run goes on.  Options
+and paths come in any order (``--ptxas 13.0 13.1 k.ptx``: k.ptx is a path).  A closed pipe
+(``| head``) ends the output quietly.  Exit status, a sum of:
   0  all fine
   1  some kernel spills (only with --fail-on-spill)
-  2  the run was refused (bad arguments, unknown ptxas, no manifest: one-line error, no report)
+  2  the run was refused (bad arguments, unknown ptxas, no manifest or not one: one-line error,
+     no report)
      or --png could not be written (the reason and the fix on stderr)
-  4  some input file failed (its row says why)
+  4  some input file failed (its row says why; so does a manifest kernel whose cubin is missing)
 e.g. 5 = a spill and a failed file.
 
 The ``warn`` column (``w`` in a matrix cell) names ptxas "Potential Performance Loss" codes,
@@ -434,9 +451,14 @@ def _manifest_kernels(manifest_path: Path) -> tuple[Path, dict[str, dict]]:
         raise ReportError(f"no manifest at {manifest_path} (build first, or pass .ptx/.cubin paths)")
     try:
         manifest = json.loads(manifest_path.read_text())
-        kernels = manifest["kernels"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ReportError(f"{manifest_path} is not a fa4_aot manifest: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{manifest_path} is not a fa4_aot manifest: not text ({exc.reason})") from exc
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{manifest_path} is not a fa4_aot manifest: not JSON ({exc})") from exc
+    kernels = manifest.get("kernels") if isinstance(manifest, dict) else None
+    if not isinstance(kernels, dict) or not all(isinstance(r, dict) for r in kernels.values()):
+        raise ReportError(f"{manifest_path} is not a fa4_aot manifest: it has no \"kernels\" table of "
+                          "kernel records (build.py writes one)")
     return manifest_path.parent, kernels
 
 
@@ -448,18 +470,36 @@ def _manifest_dynamic_smem(record: dict) -> int | None:
 _PEAK_CACHE_VERSION = 1
 
 
-def _cubin_peaks(tools: Any, cubin: Path) -> dict:
-    """{entry: {"reg_peak", "reg_peak_by_role", "shared_bytes"}} of a cubin, cached by sha256
-    under $FA4_AOT_CACHE/reg_peaks (the SASS of a big kernel takes ~0.5 s to read)."""
-    import hashlib
+def peak_cache_dir() -> Path:
+    """Where the register peaks read from cubins are kept: ``$FA4_AOT_CACHE/toolchains/reg_peaks``
+    (default ``~/.cache/fa4_aot/toolchains/reg_peaks``), one JSON file per cubin sha256."""
+    return cache_root() / "reg_peaks"
 
-    digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
-    cache = cache_root() / "reg_peaks" / f"{digest}.nvdisasm-{NVDISASM_VERSION}.v{_PEAK_CACHE_VERSION}.json"
+
+def _peak_cache_file(digest: str) -> Path:
+    return peak_cache_dir() / f"{digest}.nvdisasm-{NVDISASM_VERSION}.v{_PEAK_CACHE_VERSION}.json"
+
+
+def _cached_peaks(digest: str) -> dict | None:
+    cache = _peak_cache_file(digest)
     if cache.is_file():
         try:
             return json.loads(cache.read_text())
         except (OSError, json.JSONDecodeError):
-            pass
+            return None
+    return None
+
+
+def _cubin_peaks(tools: Any, cubin: Path, digest: str | None = None) -> dict:
+    """{entry: {"reg_peak", "reg_peak_by_role", "shared_bytes"}} of a cubin, cached by sha256
+    in :func:`peak_cache_dir` (the SASS of a big kernel takes ~0.5 s to read)."""
+    import hashlib
+
+    digest = digest or hashlib.sha256(cubin.read_bytes()).hexdigest()
+    cache = _peak_cache_file(digest)
+    cached = _cached_peaks(digest)
+    if cached is not None:
+        return cached
     info = inspect_cubin(tools, cubin)
     peaks = {entry: {"reg_peak": res["reg_peak"], "reg_peak_by_role": res["reg_peak_by_role"],
                      "shared_bytes": res["shared_bytes"]} for entry, res in info["entries"].items()}  # fmt: skip
@@ -474,35 +514,57 @@ def _cubin_peaks(tools: Any, cubin: Path) -> dict:
 
 
 def shipped_rows(manifest_path: Path, peaks: bool = False, jobs: int | None = None) -> list[dict]:
-    """One row per manifest kernel, from the resources recorded at build time.
+    """One row per manifest kernel, from the resources recorded at build time and its cubin
+    (the PTX and the ptxas log are not needed: an installed wheel has neither).
 
     The manifest's ``resources.shared_bytes`` is the dynamic shared memory of the launch; the
-    static figure and the register peaks need the cubin's SASS: read with ``peaks=True`` (else
-    unknown unless the manifest records them)."""
+    static figure and the register peaks come from the cubin's SASS: read when cached
+    (:func:`peak_cache_dir`), or with ``peaks=True`` (then cached). A kernel whose cubin is
+    missing or unreadable gets an ``error`` row saying so."""
+    import hashlib
+
     base, kernels = _manifest_kernels(manifest_path)
     rows = []
     for name, record in kernels.items():
-        recorded = record.get("resources", {})
+        recorded = record.get("resources") or {}
         res = {"arch": record.get("arch"), **recorded, "shared_bytes": recorded.get("static_shared_bytes"),
                "dynamic_smem_bytes": _manifest_dynamic_smem(record)}  # fmt: skip
-        rows.append(_row(name, record.get("entry"), "shipped", base / record.get("cubin", ""),
-                         record.get("ptxas_version"), res, record.get("ptxas_diagnostics", ())))  # fmt: skip
+        cubin = base / record.get("cubin", f"{name}.cubin")
+        row = _row(name, record.get("entry"), "shipped", cubin, record.get("ptxas_version"), res,
+                   record.get("ptxas_diagnostics", ()))  # fmt: skip
+        try:
+            if not record.get("cubin"):
+                raise ReportError("the manifest record names no cubin")
+            digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+        except (OSError, ReportError) as exc:
+            reason = f"cubin missing: {cubin}" if isinstance(exc, FileNotFoundError) else str(exc)
+            row["error"] = f"{type(exc).__name__}: {reason}" if not isinstance(exc, FileNotFoundError) else reason
+            rows.append(row)
+            continue
+        if record.get("sha256") and record["sha256"] != digest:
+            row["note"] = f"the cubin's sha256 is {digest[:12]}, the manifest records {record['sha256'][:12]}"
+        row["_sha256"] = digest
+        if row["reg_peak"] is None:
+            row.update((_cached_peaks(digest) or {}).get(row["entry"], {}))
+        rows.append(row)
     if peaks:
-        todo = [r for r in rows if r["reg_peak"] is None]
+        todo = [r for r in rows if r["reg_peak"] is None and not r.get("error")]
         if todo:
             tools = get_inspect_tools()
             with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
                 found = list(pool.map(lambda r: _peaks_or_error(tools, r), todo))
             for r, figures in zip(todo, found, strict=True):
                 r.update(figures)
+    for r in rows:
+        r.pop("_sha256", None)
     return rows
 
 
 def _peaks_or_error(tools: Any, row: dict) -> dict:
     try:
-        return _cubin_peaks(tools, Path(row["path"])).get(row["entry"], {})
-    except (ToolchainError, OSError) as exc:
-        return {"note": f"no peaks: {exc}".splitlines()[0]}
+        return _cubin_peaks(tools, Path(row["path"]), row.get("_sha256")).get(row["entry"], {})
+    except (ToolchainError, OSError) as exc:  # an unreadable cubin fails its row, with the tool's reason
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
 
 
 def reassembled_manifest_rows(manifest_path: Path, versions: Sequence[str], **kwargs) -> list[dict]:
@@ -573,7 +635,43 @@ def _roles(row: dict) -> str:
                     for r in roles)
 
 
-def _flat_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
+WIDTH = 160  # the default table fits this many columns (--wide: every column, paths whole)
+
+
+def _short(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (``abc…xyz``)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    head = (width - 1) // 2
+    return text[: head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _short_path(path: str, width: int) -> str:
+    """A path cut to ``width``: the file name and as many folders before it as fit (``…/a/b.ptx``)."""
+    if len(path) <= width:
+        return path
+    parts = Path(path).parts
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(tail) + 2 > width:
+            break
+        tail = f"{part}/{tail}"
+    return _short(f"…/{tail}", width)
+
+
+def _is_manifest_cubin(row: dict) -> bool:
+    """A shipped row whose path is the build's <manifest folder>/<arch>/<kernel>.cubin."""
+    p = Path(row["path"])
+    return row.get("source") == "shipped" and p.name == f"{row['kernel']}.cubin" and p.parent.name == (row["arch"] or "")
+
+
+def _pair(a: Any, b: Any) -> str:
+    return f"{_fmt(a)}/{_fmt(b)}"
+
+
+def _flat_table(rows: list[dict], wide: bool = False) -> tuple[list[str], list[list[str]], list[bool]]:
     headers = ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st", "spill ld",
                "LDL", "STL", "U-loops", "smem", "dyn smem", "ptxas", "warn", "path"]
     body, marks = [], []
@@ -591,7 +689,54 @@ def _flat_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool
                  _fmt(r["ptxas_version"]), ",".join(r.get("ptxas_warnings") or ["-"]), _display_path(r["path"])]
             )  # fmt: skip
         marks.append(bad)
-    return headers, body, marks
+    if wide:
+        return headers, body, marks
+    # The default view: spill bytes and LDL/STL as store/load pairs, no all-zero stack or U-loops
+    # column, no path column when every path is the manifest's <arch>/<kernel>.cubin.
+    col = {h: i for i, h in enumerate(headers)}
+    drop = {"spill st", "spill ld", "LDL", "STL"}
+    for name in ("stack", "U-loops"):
+        if all(cells[col[name]] in ("0", "?") for cells in body):
+            drop.add(name)
+    if all(_is_manifest_cubin(r) for r in rows):
+        drop.add("path")
+    narrow_headers, narrow_body = [], [[] for _ in body]
+    for h in headers:
+        if h == "spill st":
+            narrow_headers.append("spill st/ld")
+            for out, cells in zip(narrow_body, body, strict=True):
+                out.append(f"{cells[col['spill st']]}/{cells[col['spill ld']]}")
+        elif h == "LDL":
+            narrow_headers.append("LDL/STL")
+            for out, cells in zip(narrow_body, body, strict=True):
+                out.append(f"{cells[col['LDL']]}/{cells[col['STL']]}")
+        if h in drop:
+            continue
+        narrow_headers.append(h)
+        for out, cells in zip(narrow_body, body, strict=True):
+            out.append(cells[col[h]])
+    return narrow_headers, narrow_body, marks
+
+
+def _fit(headers: list[str], body: list[list[str]], width: int) -> list[list[str]]:
+    """Shorten the path, then the kernel, then the roles column until a row fits ``width``."""
+
+    def total(bdy):
+        return sum(max(len(h), *(len(row[i]) for row in bdy)) for i, h in enumerate(headers)) + 2 * (len(headers) - 1)
+
+    if not body or total(body) <= width:
+        return body
+    for name, floor, cut in (("path", 24, _short_path), ("kernel", 32, _short), ("roles (peak/budget)", 12, _short)):
+        if name not in headers:
+            continue
+        i = headers.index(name)
+        over = total(body) - width
+        if over <= 0:
+            break
+        current = max(len(headers[i]), *(len(row[i]) for row in body))
+        target = max(floor, current - over)
+        body = [[cut(c, target) if j == i else c for j, c in enumerate(row)] for row in body]
+    return body
 
 
 def _sum_known(*values: Any) -> int | None:
@@ -649,7 +794,10 @@ def _matrix_table(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bo
     return headers, body, marks
 
 
-def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: str, colour: bool) -> str:
+def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: str, colour: bool,
+            width: int | None = None) -> str:
+    if width and fmt == "table":
+        body = _fit(headers, body, width)
     if fmt == "md":
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
@@ -669,25 +817,61 @@ def _render(headers: list[str], body: list[list[str]], marks: list[bool], fmt: s
     return "\n".join(lines)
 
 
+MAX_ERROR_NOTES = 5
+
+
 def _footnotes(rows: list[dict]) -> list[str]:
     notes = []
-    if any(r.get("source") == "shipped" and r.get("reg_peak") is None for r in rows):
-        notes.append("peak, roles, smem: ? = not read yet; --peaks reads them from the shipped cubins' SASS "
-                     "(cached after the first run)")
+    unread = [r for r in rows if r.get("source") == "shipped" and r.get("reg_peak") is None and not r.get("error")]
+    if unread:
+        notes.append(f"peak, roles, smem: ? = not read yet for {len(unread)} kernel{'s' if len(unread) > 1 else ''}: "
+                     "`spill_report.py --peaks` reads them from the cubins' SASS (~0.5 s a kernel, once; then "
+                     f"shown by default, cached in {_display_path(str(peak_cache_dir()))})")
     if any(_n(r.get("lane_loops")) for r in rows):
         notes.append("U-loops: BRA.U.ANY loops, instructions that need warp-uniform operands (TMA issues) "
                      "which ptxas could not prove uniform, issued once per distinct lane value")
+    errors = 0
     for r in rows:
         for what in ("error", "note"):
             if r.get(what):
+                if what == "error":
+                    errors += 1
+                    if errors > MAX_ERROR_NOTES:
+                        continue
                 text = f"{what}: {r['kernel']} ({_display_path(r['path'])}"
                 text += f", ptxas {r['ptxas_version']}): " if r.get("ptxas_version") else "): "
                 notes.append(text + r[what])
+    if errors > MAX_ERROR_NOTES:
+        notes.append(f"... and {errors - MAX_ERROR_NOTES} more errors (rows marked E; --format json has each)")
     return list(dict.fromkeys(notes))
 
 
-def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False) -> str:
-    """Format rows as ``table``/``md`` (flat or kernel × version matrix), ``json`` or ``csv``."""
+def totals_line(rows: list[dict]) -> str:
+    """The report's last line: ``253 kernels, 0 spilling, max 240 registers, ptxas 13.1.115``
+    (+ how many failed, when some did)."""
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    spilling = {r["kernel"] for r in rows if spills(r)}
+    failed = {r["kernel"] for r in rows if r.get("error")}
+    regs = [r["registers"] for r in rows if r.get("registers") is not None]
+    versions = [v for v in _versions(rows) if v]
+    parts = [f"{len(kernels)} kernel{'s' if len(kernels) != 1 else ''}", f"{len(spilling)} spilling"]
+    if failed:
+        parts.append(f"{len(failed)} failed")
+    parts.append(f"max {max(regs)} registers" if regs else "max registers ?")
+    parts.append("ptxas " + (", ".join(versions) if versions else "?"))
+    return ", ".join(parts)
+
+
+def _wrap(line: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False,
+                                    break_long_words=True)) or line
+
+
+def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False, wide: bool = False) -> str:
+    """Format rows as ``table``/``md`` (flat or kernel × version matrix, then notes and a totals
+    line), ``json`` or ``csv``. A ``table`` fits 160 columns unless ``wide``."""
     if fmt == "json":
         return json.dumps(rows, indent=2)
     if fmt == "csv":
@@ -703,14 +887,19 @@ def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False) -> st
         return buf.getvalue().rstrip("\n")
     if not rows:
         return "(no kernels)"
-    table = _matrix_table(rows) if matrix else _flat_table(rows)
-    text = _render(*table, fmt, colour)
+    table = _matrix_table(rows) if matrix else _flat_table(rows, wide)
+    text = _render(*table, fmt, colour, width=None if wide else WIDTH)
     notes = _footnotes(rows)
     if matrix:
-        text += f"\n\n{MATRIX_LEGEND}"
+        notes.insert(0, MATRIX_LEGEND)
+    if not matrix and not wide and all(_is_manifest_cubin(r) for r in rows):
+        folder = _display_path(str(Path(rows[0]["path"]).parent.parent))
+        notes.append(f"cubins: {folder}/<arch>/<kernel>.cubin; --wide shows every column (stack, U-loops, paths)")
+    elif not wide:
+        notes.append("--wide shows every column and whole paths")
     if notes:
-        text += "\n\n" + "\n".join(notes)
-    return text
+        text += "\n\n" + "\n".join(notes if wide else [_wrap(n, WIDTH) for n in notes])
+    return text + "\n" + totals_line(rows)
 
 
 def changed_rows(rows: list[dict], release_a: str, release_b: str) -> list[dict]:
@@ -780,7 +969,12 @@ def _parser() -> argparse.ArgumentParser:
                         "combines with --ptxas)")
     p.add_argument("--peaks", action="store_true",
                    help="manifest report: read the shipped cubins' SASS for the true register peaks and "
-                        "static smem (~0.5 s per kernel the first time, then cached); files always get them")
+                        "static smem (~0.5 s per kernel the first time; cached in "
+                        "$FA4_AOT_CACHE/toolchains/reg_peaks, default ~/.cache/fa4_aot/toolchains/reg_peaks, "
+                        "and shown by default from then on); files always get them")
+    p.add_argument("--wide", action="store_true",
+                   help=f"table: every column (stack, spill stores and loads, LDL, STL, U-loops, path) and whole "
+                        f"paths; by default the table fits {WIDTH} columns")
     p.add_argument("--format", choices=("table", "md", "json", "csv"), default="table")
     p.add_argument("--png", type=Path, metavar="FILE", help="also write a heatmap (needs matplotlib)")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 when any kernel spills")
@@ -788,6 +982,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="allow ptxas 12.8 by lowering the PTX .version header (unsafe)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel assemblies (default: cores)")
     return p  # fmt: skip
+
+
+_RELEASE_ARG = re.compile(r"^\d+\.\d+$")
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Options and paths in any order: ``--ptxas 13.0 13.1 a.ptx`` and ``--diff 13.0 13.1 a.ptx``
+    leave ``a.ptx`` a path (a --ptxas value that is not a release X.Y is one)."""
+    parser = _parser()
+    args = parser.parse_intermixed_args(argv)
+    if args.ptxas:
+        releases = [v for v in args.ptxas if _RELEASE_ARG.match(v)]
+        taken = [v for v in args.ptxas if not _RELEASE_ARG.match(v)]
+        if taken and (taken[0].endswith((".ptx", ".cubin")) or os.path.exists(taken[0])):
+            args.ptxas = releases
+            args.paths = [*map(Path, taken), *args.paths]
+            if not releases:
+                parser.error("--ptxas needs at least one release X.Y before the paths")
+    return args
 
 
 def _collect(args: argparse.Namespace) -> tuple[list[dict], list[dict], bool]:
@@ -818,8 +1031,18 @@ def _collect(args: argparse.Namespace) -> tuple[list[dict], list[dict], bool]:
     return rows, [], len({r["ptxas_version"] for r in rows if not r.get("error")}) > 1
 
 
+def _print(text: str) -> None:
+    """Print to stdout; a reader that stopped early (``| head``) ends the output quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the exit's flush writes nowhere, no error
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse_args(argv)
     status = 0
     try:
         rows, also_checked, matrix = _collect(args)
@@ -827,9 +1050,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = changed_rows(rows, *args.diff)
         colour = args.format == "table" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
         if args.diff and not rows and args.format in ("table", "md"):
-            print(f"no kernel changes between ptxas {args.diff[0]} and {args.diff[1]}")
+            _print(f"no kernel changes between ptxas {args.diff[0]} and {args.diff[1]}")
         else:
-            print(render(rows, args.format, matrix, colour))
+            _print(render(rows, args.format, matrix, colour, wide=args.wide))
     except (ReportError, ToolchainError, OSError, ValueError) as exc:
         first, *more = str(exc).strip().splitlines() or [repr(exc)]
         print(f"spill_report: error: {first}", file=sys.stderr)
@@ -837,8 +1060,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {extra}", file=sys.stderr)
         return EXIT_REFUSED
     failed = [r for r in rows if r.get("error")]
-    for r in failed:
+    for r in failed[:MAX_ERROR_NOTES]:
         print(f"spill_report: {r['kernel']} ({_display_path(r['path'])}) failed: {r['error']}", file=sys.stderr)
+    if len(failed) > MAX_ERROR_NOTES:
+        print(f"spill_report: ... and {len(failed) - MAX_ERROR_NOTES} more failed, {len(failed)} of {len(rows)} "
+              "rows in all (--format json has each reason)", file=sys.stderr)
     if failed:
         status |= EXIT_FILE_FAILED
     if args.png:

@@ -198,8 +198,15 @@ def run_tool(argv: Sequence[str | os.PathLike], what: str | None = None) -> str:
         raise ToolchainError(f"could not run {what}: {exc}") from exc
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
+        # The tool's own reason on the first line (a one-line report shows that line alone):
+        # its last error/fatal line, else its last line, e.g. cuobjdump's "File 'x.cubin' does
+        # not contain device code" for a truncated cubin.
+        lines = [" ".join(ln.split()) for ln in output.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if re.search(r"\b(error|fatal)\b", ln, re.I)]
+        reason = (errors or lines or ["no output"])[-1]
         raise ToolchainError(
-            f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\n{output.strip()}"
+            f"{what} failed (exit {proc.returncode}): {reason}\n"
+            f"command: {' '.join(argv)}\n{output.strip()}"
         )
     return output
 
@@ -250,7 +257,7 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         output = proc.stderr + proc.stdout
-        lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+        lines = [" ".join(ln.split()) for ln in output.splitlines() if ln.strip()]
         errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:] or ["no wheel"]
         reason = " / ".join(ln.removeprefix("ERROR: ") for ln in errors)
         if network := _NETWORK_ERROR_RE.search(output):

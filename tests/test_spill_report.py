@@ -44,8 +44,15 @@ def kernel_record(name: str, res: dict, entry: str | None = None, ptx: str | Non
     }
 
 
-def write_manifest(folder: Path, kernels: dict) -> Path:
+def write_manifest(folder: Path, kernels: dict, cubins: bool = True) -> Path:
+    """A manifest of these records; with ``cubins``, a stand-in file at each record's cubin path
+    (the report reads the cubin of every kernel: its sha256 finds cached peaks)."""
     folder.mkdir(parents=True, exist_ok=True)
+    if cubins:
+        for name, record in kernels.items():
+            cubin = folder / record["cubin"]
+            cubin.parent.mkdir(parents=True, exist_ok=True)
+            cubin.write_bytes(f"not a real cubin: {name}".encode())
     path = folder / "manifest.json"
     build = {"ptxas_version": "13.1.115", "ptxas_release": "13.1"}
     path.write_text(json.dumps({"schema_version": 1, "build": build, "kernels": kernels}))
@@ -75,21 +82,100 @@ def test_table_marks_spilling_kernels(capsys, manifest):
     assert rc == 0 and err == ""
     lines = out.splitlines()
     header = [h.strip() for h in lines[0].split("  ") if h.strip()]
-    assert header == ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st",
-                      "spill ld", "LDL", "STL", "U-loops", "smem", "dyn smem", "ptxas", "warn",
-                      "path"]  # fmt: skip
+    # the default view: spill bytes and LDL/STL as pairs; stack shown (not all 0); no U-loops
+    # (unknown in this manifest) and no path column (every path is <arch>/<kernel>.cubin)
+    assert header == ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st/ld",
+                      "LDL/STL", "smem", "dyn smem", "ptxas", "warn"]  # fmt: skip
     table, _, footer = out.partition("\n\n")
     rows = {line.split()[1] if line.startswith("!") else line.split()[0]: line for line in table.splitlines()[2:]}
-    assert "--peaks reads them" in footer  # says how to get what the manifest does not record
+    assert "--peaks` reads them" in footer  # says how to get what the manifest does not record
+    assert "cubins: " in footer and "--wide" in footer
     assert rows["fwd_clean"].startswith(" ")
     assert rows["fwd_role_spill"].startswith("!")  # LDL/STL alone count as spilling
     assert rows["fwd_spill"].startswith("!")
     # peaks and static smem are unknown without --peaks: "?", never 0; dyn smem from the manifest
-    # (U-loops "?": this manifest predates the count)
-    assert rows["fwd_spill"].split()[1:-1] == ["fwd_spill", "sm_90a", "255", "?", "?", "64", "64", "96", "4",
-                                               "4", "?", "?", "164864", "13.1.115", "-"]  # fmt: skip
-    assert rows["fwd_spill"].split()[-1].endswith("fwd_spill.cubin")
+    assert rows["fwd_spill"].split()[1:] == ["fwd_spill", "sm_90a", "255", "?", "?", "64", "64/96", "4/4",
+                                             "?", "164864", "13.1.115", "-"]  # fmt: skip
+    assert lines[-1] == "3 kernels, 2 spilling, max 255 registers, ptxas 13.1.115"  # totals, last
+    assert max(map(len, lines)) <= 160
     assert "\033[" not in out  # not a terminal: no colour
+    rc, wide, _ = run(capsys, "--manifest", manifest, "--wide")
+    header = [h.strip() for h in wide.splitlines()[0].split("  ") if h.strip()]
+    assert header == ["!", "kernel", "arch", "regs", "peak", "roles (peak/budget)", "stack", "spill st",
+                      "spill ld", "LDL", "STL", "U-loops", "smem", "dyn smem", "ptxas", "warn",
+                      "path"]  # fmt: skip
+    spill = next(ln for ln in wide.splitlines() if " fwd_spill " in ln)
+    assert spill.split()[-1] == str(manifest.parent / "sm_90a" / "fwd_spill.cubin")
+
+
+def test_default_view_fits_160_columns_and_shortens_long_names(capsys, tmp_path):
+    long = "fwd_" + "_".join(["very_long_configuration_name"] * 6)
+    path = write_manifest(tmp_path / "a" / ("deep_folder_" * 8), {long: kernel_record(long, resources())})
+    rc, out, _ = run(capsys, "--manifest", path)
+    assert rc == 0 and max(map(len, out.splitlines())) <= 160, out
+    assert "…" in out.splitlines()[2]
+    rc, out, _ = run(capsys, "--manifest", path, "--wide")
+    assert long in out and str(path.parent) in out
+
+
+def test_peaks_are_shown_when_cached(capsys, manifest, tmp_path, monkeypatch):
+    import hashlib
+
+    monkeypatch.setenv("FA4_AOT_CACHE", str(tmp_path / "cache"))
+    cubin = manifest.parent / "sm_90a" / "fwd_clean.cubin"
+    digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    cache = sr._peak_cache_file(digest)
+    assert cache.parent == tmp_path / "cache" / "toolchains" / "reg_peaks" == sr.peak_cache_dir()
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"fa4aot_fwd_clean_0": {
+        "reg_peak": 150, "shared_bytes": 1024,
+        "reg_peak_by_role": [{"setmaxnreg": None, "peak": 40, "instructions": 9},
+                             {"setmaxnreg": 240, "peak": 150, "instructions": 90}]}}))
+    rc, out, _ = run(capsys, "--manifest", manifest)
+    clean = next(ln for ln in out.splitlines() if ln.split()[:1] == ["fwd_clean"])
+    assert clean.split()[:7] == ["fwd_clean", "sm_90a", "168", "150", "40/168", "150/240", "0"]
+    assert "not read yet for 2 kernels" in out  # the other two: the hint, with the cache folder
+    assert str(tmp_path / "cache" / "toolchains" / "reg_peaks") in out.replace("\n  ", " ")
+
+
+def test_missing_cubins_fail_with_the_reason(capsys, tmp_path):
+    path = write_manifest(tmp_path, {f"k{i}": kernel_record(f"k{i}", resources()) for i in range(8)},
+                          cubins=False)
+    (tmp_path / "sm_90a").mkdir()
+    (tmp_path / "sm_90a" / "k0.cubin").write_bytes(b"x")
+    for extra, n_failed in (((), 7), (("--peaks",), 8)):
+        rc, out, err = run(capsys, "--manifest", path, *extra)
+        assert rc == 4, err
+        assert f"k1 (" in err and f"cubin missing: {tmp_path / 'sm_90a' / 'k1.cubin'}" in err
+        assert f"... and {n_failed - 5} more failed, {n_failed} of 8 rows in all" in err
+        assert out.splitlines()[-1] == \
+            f"8 kernels, 0 spilling, {n_failed} failed, max 168 registers, ptxas 13.1.115"
+    # --peaks reads k0, not a cubin: cuobjdump's own reason
+    assert "k0 (" in err and "Invalid fatbin header" in err
+
+
+def test_empty_manifest_is_refused_with_the_reason(capsys, tmp_path):
+    for text in ("{}", "[]", '{"kernels": [1]}'):
+        (tmp_path / "manifest.json").write_text(text)
+        rc, out, err = run(capsys, "--manifest", tmp_path / "manifest.json")
+        assert rc == 2 and out == ""
+        assert 'is not a fa4_aot manifest: it has no "kernels" table' in err and err.count("\n") == 1
+
+
+def test_broken_pipe_is_quiet(manifest):
+    proc = subprocess.run(f"'{sys.executable}' '{ROOT / 'build_tools/spill_report.py'}' --manifest '{manifest}' "
+                          "--format json | head -1; exit ${PIPESTATUS[0]}",
+                          shell=True, executable="bash", capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == "[\n" and proc.stderr == "", proc.stderr
+
+
+def test_paths_after_ptxas_and_diff_are_paths():
+    args = sr._parse_args(["--ptxas", "13.0", "13.1", str(WG_PTX)])
+    assert args.ptxas == ["13.0", "13.1"] and args.paths == [WG_PTX]
+    args = sr._parse_args([str(WG_PTX), "--diff", "13.0", "13.1", str(PRESSURE_PTX)])
+    assert args.diff == ["13.0", "13.1"] and args.paths == [WG_PTX, PRESSURE_PTX]
+    args = sr._parse_args(["--diff", "13.0", "13.1", str(WG_PTX), "--ptxas", "12.9", "x.cubin"])
+    assert args.ptxas == ["12.9"] and args.paths == [Path("x.cubin"), WG_PTX]
 
 
 def test_colour_only_on_spilling_rows(manifest):
@@ -245,7 +331,8 @@ def test_matrix_render():
     assert header.split() == ["!", "kernel", "arch", "13.0.88", "13.1.115", "best", "peak", "roles",
                               "(peak/budget)", "path"]  # fmt: skip
     assert line.split() == ["!", "k", "sm_90a", "90/8/0", "!", "90/0/0", "13.1", "?", "?", "k.ptx"]
-    assert text.endswith(sr.MATRIX_LEGEND)
+    assert " ".join(sr.MATRIX_LEGEND.split()) in " ".join(text.split())
+    assert text.splitlines()[-1] == "1 kernel, 1 spilling, max 90 registers, ptxas 13.0.88, 13.1.115"
 
 
 def test_matrix_never_shows_unknown_as_zero():
@@ -307,7 +394,8 @@ def test_end_to_end_two_versions(toolchains, capsys):
     assert rc == 0
     assert out.splitlines()[0].split()[:6] == ["!", "kernel", "arch", toolchains["13.0"].ptxas_version,
                                                toolchains["13.1"].ptxas_version, "best"]  # fmt: skip
-    assert "232/0/0" in out and sr.MATRIX_LEGEND in out and "3/232 1/40 88/232" in out
+    assert "232/0/0" in out and " ".join(sr.MATRIX_LEGEND.split()) in " ".join(out.split())
+    assert "3/232 1/40 88/232" in out and max(map(len, out.splitlines())) <= 160
 
     rc, _, err = run(capsys, PRESSURE_PTX, WG_PTX, "--ptxas", "13.0", "13.1", "--fail-on-spill")
     assert rc == 1 and "pressure_kernel" in err and "wg_gemm" not in err
@@ -459,14 +547,14 @@ def test_ptxas_performance_warnings_are_shown(capsys, manifest, tmp_path):
     data["kernels"][name]["ptxas_diagnostics"] = [
         "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
         "insufficient register resources for the function 'x'"]
-    path = tmp_path / "manifest.json"
+    path = manifest  # next to its cubins
     path.write_text(json.dumps(data))
     rows = {r["kernel"]: r for r in sr.shipped_rows(path)}
     assert rows[name]["ptxas_warnings"] == ["C7512"]
     assert all(r["ptxas_warnings"] == [] for k, r in rows.items() if k != name)
     rc, out, _ = run(capsys, "--manifest", path)
     line = next(ln for ln in out.splitlines() if f" {name} " in ln)
-    assert rc == 0 and line.split()[-2] == "C7512"
+    assert rc == 0 and line.split()[-1] == "C7512"  # warn: the last column of the default view
     rc, out, _ = run(capsys, "--manifest", path, "--format", "csv")
     assert "C7512" in out and "[" not in out
     assert sr._cell(rows[name]).endswith(" w")
