@@ -1,6 +1,7 @@
 """The real build, on this CPU-only machine: CuTe DSL -> PTX -> pinned ptxas -> cubin ->
 manifest, for one configuration (in `make test`); and the reproducibility check of the whole
-shipped set (marked `reproducible`: ~13 min on 2 cores, run by `make reproducible` / CI)."""
+shipped set (marked `reproducible`: the Makefile's FULL_REBUILD_MINUTES on 2 cores, run by
+`make reproducible` / CI)."""
 
 import json
 import subprocess
@@ -55,7 +56,8 @@ def test_ptxas_12_8_needs_explicit_opt_in(tmp_path):
 @pytest.mark.reproducible
 def test_committed_artifacts_reproduce():
     """Rebuild every shipped configuration with the pinned toolchain; each cubin's sha256 must
-    equal the committed one (the check names each differing kernel and why). ~13 min on 2 cores:
+    equal the committed one (the check names each differing kernel and why). The Makefile's
+    FULL_REBUILD_MINUTES on 2 cores:
     skipped by `make test`; CI runs the same check as `make reproducible` (or pytest
     --run-reproducible)."""
     r = _build("--check-reproducible", timeout=3000)

@@ -19,7 +19,6 @@ MAX_WHEEL_BYTES = 8 * 1000 * 1000
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     pytest.importorskip("setuptools")
-    pytest.importorskip("wheel", reason="the wheel package is needed to build a wheel")
     src = tmp_path_factory.mktemp("src")
     # A copy of what the wheel is built from (setuptools writes build/ and *.egg-info next to
     # setup.py: not in the work tree); artifacts/ is linked, not copied.
