@@ -63,7 +63,9 @@ def _compile(cfg_dict: dict, out_ptx: str) -> dict:
     elif cfg.arch == "sm_100a":
         from fa4_aot.kernels.sm100_fwd import FlashFwdSm100 as Kernel
     else:
-        from fa4_aot.kernels.sm90_fwd import FlashFwdSm90 as Kernel
+        from fa4_aot.kernels.sm90 import kernel_class
+
+        Kernel = kernel_class(cfg)
     dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
     hd = cfg.head_dim
 

@@ -38,6 +38,14 @@ point it increments ``done``. The CTA that sees ``done == gridDim.x - 1`` is the
 finish fetching, so no other CTA of this launch touches the counter again: it resets both words
 to 0. The next launch on the stream (or the next graph replay) starts from zero.
 
+:class:`CompactVarlenOrder` (sm_90a prefill kernels, varlen launches with ``SeqMode.COMPACT``)
+==============================================================================================
+
+The scheduler then runs over compact indices, the non-empty m-blocks of the documents only
+(their number, :meth:`CompactVarlenOrder.total`, is counted by the fetching warp at the
+start); the fetching warp maps each index to the dense tile index that the other warps decode
+(:meth:`CompactVarlenOrder.to_dense`, the order of schedule.compact_tiles).
+
 :class:`ClcScheduler` (sm_100a; ``static`` or ``clc``)
 ======================================================
 
@@ -86,7 +94,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from fa4_aot.schedule import decode_tile
+from fa4_aot.schedule import decode_tile, encode_tile, heavy_m_blocks
+
+from .common.seqlen import SEQ_COMPACT, SEQ_USED_Q, clamped_doc
 
 TILE_SLOTS = 2
 
@@ -285,3 +295,93 @@ class ClcScheduler(TileScheduler):
             tile, cons_state = self.next(tile, cons_state)
         # Step 4: wait until every reader released the last response before exiting.
         self.pipe.producer_tail(prod_state)
+
+
+class CompactVarlenOrder:
+    """Varlen prefill launches with ``SeqMode.COMPACT`` (mostly empty grids): the scheduler
+    (:class:`AtomicCounterScheduler` over :meth:`total` indices) hands out compact indices,
+    which count only the non-empty m-blocks of the documents; the fetching warp turns each into
+    the dense tile index the other warps decode (:meth:`to_dense`). Compile-time: the
+    scheduler ``mode`` (static re-reads a document's m-blocks instead of carrying them), the
+    m tile, the mask (causal: heavy m-blocks first) and ``light_limit``
+    (schedule.light_tiles_limit). ``ptrs``/``shape`` are the launch-ABI groups (fa4_aot/abi.py);
+    ``totals`` the packed lengths (offsets are clamped to them)."""
+
+    def __init__(self, mode: str, tile_m: int, causal: bool, light_limit: int):
+        self.mode = mode
+        self.tile_m = tile_m
+        self.causal = causal
+        self.light_limit = light_limit
+
+    def enabled(self, shape):
+        """Whether the launch counts varlen tiles compactly (``SeqMode.COMPACT``). Read from
+        the parameter each time: the fetching warp keeps no register for it."""
+        return shape.seq_mode & SEQ_COMPACT != 0
+
+    def num_docs(self, shape):
+        """Documents of a varlen prefill launch (its tiles are m-blocks x heads x documents)."""
+        return shape.num_tiles // (shape.num_m_blocks * shape.num_heads)
+
+    @cute.jit
+    def doc_m_blocks(self, d, ptrs, shape, totals):
+        """m-blocks of document ``d`` of a varlen prefill launch (0 past the last document):
+        its rows as the consumers see them (offsets clamped, seqused_q applied)."""
+        nb = Int32(0)
+        if d < self.num_docs(shape):
+            _, rows = clamped_doc(ptrs.cu_seqlens_q, d, totals[0])
+            if shape.seq_mode & SEQ_USED_Q != 0:
+                rows = cutlass.min(rows, cutlass.max(cute.make_tensor(
+                    ptrs.seqused_q + d, cute.make_layout(1))[0], Int32(0)))
+            nb = (rows + self.tile_m - 1) // self.tile_m
+        return nb
+
+    @cute.jit
+    def total(self, ptrs, shape, totals):
+        """Non-empty tiles of a varlen launch: heads x the documents' m-blocks (warp-wide:
+        lane l sums documents l, l + 32, ...)."""
+        s = Int32(0)
+        for i in cutlass.range((self.num_docs(shape) + 31) // 32, unroll=1):
+            s = s + self.doc_m_blocks(i * 32 + cute.arch.lane_idx(), ptrs, shape, totals)
+        for off in (16, 8, 4, 2, 1):
+            s = s + cute.arch.shuffle_sync_bfly(s, offset=off)
+        return s * shape.num_heads
+
+    @cute.jit
+    def to_dense(self, c, total, doc, doc_base, nb, ptrs, shape, totals):
+        """Compact index ``c`` -> (tile index, document, its first compact index, its m-blocks
+        ``nb``); the tile index is ``shape.num_tiles`` (stop) when ``c >= total``. The order
+        (schedule.compact_tiles): documents in turn; inside a document its heavy m-blocks
+        (schedule.heavy_m_blocks: all, or the upper half under a causal mask) with its heads in
+        groups of ``shape.section`` (a divisor of num_heads on compact launches), each group's
+        m-blocks from the last down, the group's heads together; then the other m-blocks the
+        same way, in groups of ``shape.section`` if there are more than ``light_limit`` such
+        tiles (schedule.light_tiles_limit), else all heads in one. The walk starts at the cursor
+        ``doc`` (whose m-blocks ``nb`` the previous call returned): this CTA's indices only
+        grow, so over the launch it reads each document's offsets about once."""
+        dense = shape.num_tiles
+        if cutlass.const_expr(self.mode == STATIC):
+            # Read again: a register carried across the static fetcher's loop spills there.
+            nb = self.doc_m_blocks(doc, ptrs, shape, totals)
+        if c < total:
+            while c >= doc_base + nb * shape.num_heads:
+                doc_base = doc_base + nb * shape.num_heads
+                doc = doc + 1
+                nb = self.doc_m_blocks(doc, ptrs, shape, totals)
+            r = c - doc_base
+            heavy = heavy_m_blocks(nb, self.causal)
+            # The part of the document r falls in: its first m-block (from the last), its
+            # m-blocks, the heads of a group.
+            m_base, span, sec = Int32(0), heavy, shape.section
+            if r >= heavy * shape.num_heads:
+                r = r - heavy * shape.num_heads
+                m_base = heavy
+                span = nb - heavy
+                if span * shape.num_heads <= self.light_limit:
+                    sec = shape.num_heads
+            group = r // (span * sec)
+            r = r - group * (span * sec)
+            m_rev = r // sec
+            head = group * sec + r - m_rev * sec
+            dense = encode_tile(nb - 1 - m_base - m_rev, head, doc, shape.num_m_blocks,
+                                shape.num_heads, shape.section)
+        return dense, doc, doc_base, nb

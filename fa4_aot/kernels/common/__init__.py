@@ -46,9 +46,9 @@ Sequence info (``seqlen.py``)
     ``SeqlenInfo(q_start, k_start, sq, sk, q_b, k_b)`` (NamedTuple) and
     ``seqlen_info(batch, shape, ptrs=None, totals=None, separate_kv=False)``: a batch entry's
     offsets, lengths and q / k-v batch coordinates; ``shape``/``ptrs`` are the launch-ABI
-    groups (``seq_mode`` bits ``SEQ_VARLEN``, ``SEQ_USED_Q``, ``SEQ_USED_K``,
-    ``SEQ_VARLEN_K``, ``SEQ_COMPACT``: cu_seqlens offsets clamped into the packed lengths
-    ``totals``, seqused only shortens); ``ptrs=None``: a kernel without varlen.
+    groups (``seq_mode``: ``fa4_aot.abi.SeqMode`` bits, as ints ``SEQ_VARLEN``, ``SEQ_USED_Q``,
+    ``SEQ_USED_K``, ``SEQ_VARLEN_K``, ``SEQ_COMPACT``; cu_seqlens offsets clamped into the
+    packed lengths ``totals``, seqused only shortens); ``ptrs=None``: a kernel without varlen.
     ``clamped_doc(cu_ptr, batch, total)``: one document's (start, length), clamped.
 
 Output addressing (``output.py``)

@@ -8,13 +8,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-# Bits of the launch value ``seq_mode`` (fa4_aot/abi.py): packed q documents (cu_seqlens_q),
-# seqused_q, seqused_k, packed k/v documents (cu_seqlens_k). Plain varlen sets
-# SEQ_VARLEN | SEQ_VARLEN_K; paged KV with packed queries (chunked prefill) sets
-# SEQ_VARLEN | SEQ_USED_K. SEQ_COMPACT (with SEQ_VARLEN, prefill kernels): the tile indices the
-# scheduler hands out count only the non-empty m-blocks of the documents (sm90_fwd.py
-# ``compact_to_dense``).
-SEQ_VARLEN, SEQ_USED_Q, SEQ_USED_K, SEQ_VARLEN_K, SEQ_COMPACT = 1, 2, 4, 8, 16
+from fa4_aot.abi import SeqMode
+
+# Bits of the launch value ``seq_mode``: fa4_aot.abi.SeqMode, as plain ints (the kernels test
+# them against a DSL Int32).
+SEQ_VARLEN = int(SeqMode.VARLEN)
+SEQ_USED_Q = int(SeqMode.USED_Q)
+SEQ_USED_K = int(SeqMode.USED_K)
+SEQ_VARLEN_K = int(SeqMode.VARLEN_K)
+SEQ_COMPACT = int(SeqMode.COMPACT)
 
 
 class SeqlenInfo(NamedTuple):
@@ -46,9 +48,9 @@ def seqlen_info(batch, shape, ptrs=None, totals=None, separate_kv: cutlass.Const
     and ``seqused_q/k`` (``None``: a kernel without varlen, lengths are the launch's);
     ``totals``: (total_q, total_k), the packed lengths. Offsets from cu_seqlens are clamped
     into [0, packed length] and lengths to >= 0, whatever the offsets say; seqused_q/k only
-    shorten. ``separate_kv`` (compile time): packed q (SEQ_VARLEN) and packed k/v
-    (SEQ_VARLEN_K) are separate modes (decode kernels: paged KV with packed queries); else
-    SEQ_VARLEN means both (the runtime sets both bits), which keeps fewer values live."""
+    shorten. ``separate_kv`` (compile time): packed q (SeqMode.VARLEN) and packed k/v
+    (SeqMode.VARLEN_K) are separate modes (decode kernels: paged KV with packed queries); else
+    SeqMode.VARLEN means both (the runtime sets both bits), which keeps fewer values live."""
     q_start, k_start, sq, sk = Int32(0), Int32(0), shape.seqlen_q, shape.seqlen_k
     q_b, k_b = batch, batch
     if cutlass.const_expr(ptrs is not None):
