@@ -70,10 +70,10 @@ def test_swapped_same_size_parameters_fail_the_check(probe_maps):
 
 def test_kernels_take_the_spec_arguments_in_order():
     from fa4_aot.kernels.combine import FlashCombineSm90
-    from fa4_aot.kernels.sm90_fwd import FlashFwdSm90
+    from fa4_aot.kernels.sm90 import FlashFwdSm90Decode, FlashFwdSm90Prefill
     from fa4_aot.kernels.sm100_fwd import FlashFwdSm100
-    for spec, kernel in ((abi.FWD_SM90, FlashFwdSm90), (abi.FWD_SM100, FlashFwdSm100),
-                         (abi.COMBINE_SM90, FlashCombineSm90)):
+    for spec, kernel in ((abi.FWD_SM90, FlashFwdSm90Prefill), (abi.FWD_SM90, FlashFwdSm90Decode),
+                         (abi.FWD_SM100, FlashFwdSm100), (abi.COMBINE_SM90, FlashCombineSm90)):
         assert abi.check_signature(spec, kernel.__call__) == []
     swapped = dataclasses.replace(abi.FWD_SM90, groups=abi.FWD_SM90.groups[::-1])
-    assert abi.check_signature(swapped, FlashFwdSm90.__call__)
+    assert abi.check_signature(swapped, FlashFwdSm90Prefill.__call__)
