@@ -503,10 +503,10 @@ def build_host(env: Env, prov: str, case: bl.Case, inp: HostInputs):
         op = torch.ops.fa4_aot.fwd
         if case.varlen:
             cu, m = inp.cu, inp.max_seqlen
-            return (lambda: op(q, k, v, cu, cu, m, m, causal, None, -1, -1, "auto", 0.0)[0]), \
-                "torch.ops.fa4_aot.fwd"
-        return (lambda: op(q, k, v, None, None, 0, 0, causal, None, -1, -1, "auto", 0.0)[0]), \
-            "torch.ops.fa4_aot.fwd"
+            return (lambda: op(q, k, v, [cu, cu, None, None, None], [m, m, -1, -1, 0], causal,
+                               None, "auto", 0.0)[0]), "torch.ops.fa4_aot.fwd"
+        return (lambda: op(q, k, v, [None] * 5, [0, 0, -1, -1, 0], causal, None, "auto",
+                           0.0)[0]), "torch.ops.fa4_aot.fwd"
     if prov == "fa4":
         if env.fa4 is None:
             raise NotSupported("n/a (FA4 not importable)")

@@ -39,7 +39,7 @@ def main(argv=None):
     k, v = torch.randn_like(q), torch.randn_like(q)
     qb, kb, vb = (x.transpose(1, 2) for x in (q, k, v))
     fa4_aot.attention(q, k, v)
-    (e,) = [x for x in interface._tls.memo.values() if x.call.q[0] == (1, 128, 1, 64)]
+    (e,) = [x for x in interface.prepared_calls() if x.plan.call.q[0] == (1, 128, 1, 64)]
     dev, idx = q.device, q.device.index
     addrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 0)
     out = torch.empty_like(q)
@@ -50,7 +50,7 @@ def main(argv=None):
     try:  # A/B: the same launch through a per-context CUfunction, and through ctypes
         from fa4_aot import runtime
         drv = runtime._driver()
-        name = interface.derive_launches(e.call).launches[0].name
+        name = e.plan.launches[0].name
         kernel = runtime._modules[(idx, name)][1]
         func = runtime._check(drv.cuKernelGetFunction(kernel), "cuKernelGetFunction")
         extra.append(("  launch, CUfunction (cuKernelGetFunction)",
@@ -73,12 +73,10 @@ def main(argv=None):
         ("fa4_aot.attention return_lse=True", lambda: fa4_aot.attention(q, k, v,
                                                                          return_lse=True)),
         ("torch.ops.fa4_aot.fwd (whole call)",
-         lambda: torch.ops.fa4_aot.fwd(q, k, v, None, None, 0, 0, False, None, -1, -1, "auto",
-                                       0.0)),
+         lambda: torch.ops.fa4_aot.fwd(q, k, v, [None] * 5, [0, 0, -1, -1, 0], False, None,
+                                       "auto", 0.0)),
         ("sdpa (default dispatch)", lambda: F.scaled_dot_product_attention(qb, kb, vb)),
-        ("  key (_key)", lambda: interface._key(q, k, v, None, None, None, None, False, None,
-                                                -1, -1, "auto", 0.0, None, None, dev)),
-        ("  raw stream", lambda: interface._raw_stream(idx)),
+        ("  raw stream", lambda: torch._C._cuda_getCurrentRawStream(idx)),
         ("  torch.empty out", lambda: torch.empty((1, 128, 1, 64), dtype=torch.bfloat16,
                                                   device=dev)),
         ("  torch.empty lse", lambda: torch.empty((1, 1, 128), dtype=torch.float32, device=dev)),
@@ -86,8 +84,8 @@ def main(argv=None):
         ("  torch.empty_like out", lambda: torch.empty_like(q)),
         ("  3 data_ptr", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr())),
         ("  launcher (patch + cuLaunchKernelEx)", lambda: launcher(addrs)),
-        ("  is_compiling", interface._is_compiling),
-        ("  capture check", interface._capturing),
+        ("  is_compiling", torch.compiler.is_compiling),
+        ("  capture check", torch.cuda.is_current_stream_capturing),
     ] + extra
     res = []
     for name, fn in rows:

@@ -2,6 +2,11 @@
 implementation, so ``torch.compile(fullgraph=True)`` traces models that call
 :func:`fa4_aot.attention` and CUDA graphs capture it like any other op.
 
+Arguments: q, k, v; ``tensors`` = [cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+page_table] (None where absent); ``sizes`` = [max_seqlen_q, max_seqlen_k, window_left,
+window_right, num_splits] (0 without varlen, -1 = unbounded, 0 = automatic); causal,
+softmax_scale, scheduler, softcap.
+
 Defined with ``torch.library.Library`` (schema, CUDA kernel, fake) rather than
 ``torch.library.custom_op``: the latter wraps every call in Python autograd and aliasing
 checks (~6 us of host time a call); this op has no backward (the Autograd key falls through),
@@ -12,12 +17,10 @@ from __future__ import annotations
 import torch
 
 from .interface import forward
+from .validate import forward_only
 
-SCHEMA = ("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-          "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float? softmax_scale, "
-          "SymInt window_left, SymInt window_right, str scheduler, float softcap, "
-          "int num_splits=0, Tensor? seqused_q=None, Tensor? seqused_k=None, "
-          "Tensor? page_table=None) -> (Tensor, Tensor)")
+SCHEMA = ("fwd(Tensor q, Tensor k, Tensor v, Tensor?[] tensors, SymInt[] sizes, bool causal, "
+          "float? softmax_scale, str scheduler, float softcap) -> (Tensor, Tensor)")
 
 _lib = torch.library.Library("fa4_aot", "DEF")  # kept alive: the registrations live with it
 _lib.define(SCHEMA)
@@ -28,14 +31,11 @@ _lib.impl("fwd", torch.library.fallthrough_kernel, "Autograd")
 
 
 @torch.library.register_fake("fa4_aot::fwd", lib=_lib)
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-      window_left, window_right, scheduler, softcap, num_splits=0, seqused_q=None,
-      seqused_k=None, page_table=None):
+def _(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        from .interface import _forward_only
-        raise _forward_only()
+        raise forward_only()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if cu_seqlens_q is not None:
+    if tensors[0] is not None:  # cu_seqlens_q: packed q
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)

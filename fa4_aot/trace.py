@@ -4,7 +4,7 @@ them as a per-SM timeline.
 
 The trace kernels are their own configurations (bf16, head_dim 128, causal, one per
 scheduler) on the 128-key tile; the fast path never records anything. A causal call whose rows
-see ``schedule.LONG_KV_KEYS`` keys or more runs untraced on the 160-key tile, so there the
+see ``plan.LONG_KV_KEYS`` keys or more runs untraced on the 160-key tile, so there the
 traced output may differ from the untraced one in the last bits.
 """
 

@@ -51,9 +51,9 @@ def run_in_threads(worker, n):
 
 
 def memo_plan():
-    """The launch plan the runtime derives for the one call this thread's memo holds
-    (``interface._tls.memo``; a test clears it before the call): ``.launches`` are the kernels
-    with their manifest records and launch values."""
+    """The launch plan (:class:`fa4_aot.plan.LaunchPlan`) of the one call this thread's memo
+    holds (a test clears it before the call): ``.launches`` are the kernels with their
+    manifest records and launch values."""
     from fa4_aot import interface
-    (entry,) = interface._tls.memo.values()
-    return interface.derive_launches(entry.call)
+    (plan,) = interface.memo_plans()
+    return plan

@@ -187,7 +187,7 @@ def test_hd128_wide_n_tiles():
 def test_prefer_long_kv(sq, sk, wide):
     """Causal rows see sk - sq / 2 keys on average; from 1,024 of them the wide-n tile
     (docs/perf-notes.md v32: causal S = 1.5k -1 %, 2k +0.8 % on it)."""
-    from fa4_aot.schedule import prefer_long_kv
+    from fa4_aot.plan import prefer_long_kv
     assert prefer_long_kv(sq, sk) is wide
 
 
@@ -203,12 +203,12 @@ def test_prefer_long_kv(sq, sk, wide):
     (4096, False, 32, False),
 ])
 def test_prefer_m128(s, causal, pairs, short):
-    from fa4_aot.schedule import prefer_m128
+    from fa4_aot.plan import prefer_m128
     assert prefer_m128(192, 128, s, s, causal, pairs, 132) is short
 
 
 def test_tile_cost_counts_rows_times_blocks():
-    from fa4_aot.schedule import tile_cost
+    from fa4_aot.plan import tile_cost
     # 1k causal on 128-row tiles: blocks 1..8 per m-block, 128 rows each, one pair on 1 SM
     assert tile_cost(128, 128, 1024, 1024, True, 1, 1) == 128 * 36
     # 192-row tiles: 2, 3, 5, 6, 8, 8 blocks (the last tile holds 64 rows, padded to 192)
@@ -388,7 +388,7 @@ def test_o_stored_through_shared_memory_where_it_measured_faster():
 @pytest.mark.parametrize("lens", [[2048] * 16, [16384] + [512] * 32, [7], [5, 0, 5],
                                   list(ZIPF_DOCS)])
 def test_varlen_length_is_exact_for_one_long_document_and_a_lower_bound_otherwise(lens):
-    from fa4_aot.schedule import varlen_length
+    from fa4_aot.plan import varlen_length
     total, exact = sum(lens), sum(n * n for n in lens) / sum(lens)
     est = varlen_length(total, len(lens), max(lens))
     assert total / len(lens) <= est <= exact + 1e-9

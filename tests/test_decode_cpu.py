@@ -4,8 +4,9 @@ with a fake driver (tests/fakecuda.py)."""
 
 import pytest
 
-from fa4_aot.decode import (MIN_BLOCKS_PER_SPLIT, choose_num_splits, split_ranges,
-                            use_decode_kernels, use_wide_tile)
+from fa4_aot.plan import (MIN_BLOCKS_PER_SPLIT, choose_num_splits, use_decode_kernels,
+                          use_wide_tile)
+from fa4_aot.schedule import split_ranges
 
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
@@ -87,8 +88,8 @@ def test_decode_call_packs_gqa_and_splits(monkeypatch):
     k = torch.randn(b, sk, hk, d, dtype=torch.bfloat16)
     with torch.no_grad():
         fa4_aot.attention(q, k, k, causal=True, num_splits=4)
-    (entry,) = interface._tls.memo.values()
-    plan = interface.derive_launches(entry.call)
+    (entry,) = interface.prepared_calls()
+    plan = entry.plan
     main, comb = plan.launches
     assert main.record["launch"]["pack_gqa"] and main.record["launch"]["tile"]["m"] == 64
     v = main.values

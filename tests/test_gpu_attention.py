@@ -64,7 +64,7 @@ def test_schedulers_bitwise_identical(shape, causal, d):
     packed rows) take the decode kernels under steal/auto, whose key blocks differ from the
     prefill kernels' (64 against 128 keys at hd128): there steal is checked against the
     reference only (README, ``scheduler``)."""
-    from fa4_aot.decode import use_decode_kernels
+    from fa4_aot.plan import use_decode_kernels
     b, sq, sk, h, hk = shape
     outs = [_run_and_check(b, sq, sk, h, hk, d, torch.bfloat16, causal, s) for s in SCHEDS]
     bitwise = SCHEDS[1:-1] if use_decode_kernels(sq, h // hk, None, "steal") else SCHEDS[1:]
@@ -76,7 +76,7 @@ def test_schedulers_bitwise_identical(shape, causal, d):
                                    (3, 2048, 2048, 2, 2)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_long_kv_causal_kernels(shape):
-    """Causal hd128 calls whose rows see >= 1,024 keys on average (schedule.LONG_KV_KEYS) run
+    """Causal hd128 calls whose rows see >= 1,024 keys on average (plan.LONG_KV_KEYS) run
     on the wide-n (160-key) alternative, with every scheduler (so the bits do not depend on
     the scheduler)."""
     from fa4_aot import interface
@@ -103,8 +103,8 @@ def test_edge_width_first_block(causal, tail):
     each scheduler against the reference and bit for bit against the others."""
     from fa4_aot import interface
     from fa4_aot.configs import TILES_LONG_KV, TILES_WIDE_N
-    from fa4_aot.decode import use_decode_kernels
-    from fa4_aot.schedule import prefer_long_kv
+    from fa4_aot.plan import use_decode_kernels
+    from fa4_aot.plan import prefer_long_kv
     n = (TILES_LONG_KV if causal else TILES_WIDE_N)["sm_90a"][128].n
     tail = tail or n
     for sq, sk in ((200, n * 3 + tail), (tail, tail), (n * 30 + tail,) * 2,
@@ -474,7 +474,7 @@ def test_torch_compile_fullgraph():
 
 def test_trace_capture():
     """The traced call gives the untraced call's bits where both run the 128-key tile (rows
-    seeing fewer than schedule.LONG_KV_KEYS keys: the trace kernels have no wide-n form)."""
+    seeing fewer than plan.LONG_KV_KEYS keys: the trace kernels have no wide-n form)."""
     from fa4_aot.trace import capture
     q = torch.randn(2, 1536, 8, 128, device="cuda", dtype=torch.bfloat16)
     for sched in SCHEDS:
@@ -530,9 +530,9 @@ def test_patched_descriptors_follow_the_tensors():
         ref, _ = attention_ref(q, k, v, causal=True)
         ref_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
         check_close(out, ref, ref_pt, what=f"call {i}")
-    entries = [e for e in interface._tls.memo.values()
-               if e.call.q[0] == (2, 300, 4, 64) and e.call.k[0] == (2, 300, 2, 64)
-               and e.call.causal and e.call.softcap == 0]
+    entries = [e for e in interface.prepared_calls()
+               if e.plan.call.q[0] == (2, 300, 4, 64) and e.plan.call.k[0] == (2, 300, 2, 64)
+               and e.plan.call.causal and e.plan.call.softcap == 0]
     assert len(entries) == 1
     assert all(not lc.tmaps for lc in entries[0].launchers), "descriptors re-encoded per call"
 
@@ -552,8 +552,8 @@ def test_varlen_no_host_sync():
         for causal in (True, False, True):
             outs.append(fa4_aot.attention(q, k, v, causal=causal, cu_seqlens_q=t,
                                           cu_seqlens_k=t, max_seqlen_q=899, max_seqlen_k=899))
-        outs.append(torch.ops.fa4_aot.fwd(q, k, v, t, t, 899, 899, True, None, -1, -1, "auto",
-                                          0.0)[0])
+        outs.append(torch.ops.fa4_aot.fwd(q, k, v, [t, t, None, None, None],
+                                          [899, 899, -1, -1, 0], True, None, "auto", 0.0)[0])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     ref, _, ref_pt = _varlen_ref(q, k, v, cu, cu, True)
@@ -581,7 +581,7 @@ def test_forward_only_is_explicit():
     with pytest.raises(NotImplementedError, match="forward-only"):
         fa4_aot.attention(q, k, k)
     with pytest.raises(NotImplementedError, match="forward-only"):
-        torch.ops.fa4_aot.fwd(q, k, k, None, None, 0, 0, False, None, -1, -1, "auto", 0.0)
+        torch.ops.fa4_aot.fwd(q, k, k, [None] * 5, [0, 0, -1, -1, 0], False, None, "auto", 0.0)
     with torch.no_grad():
         out = fa4_aot.attention(q, k, k)
     assert out.grad_fn is None and not out.requires_grad

@@ -151,7 +151,8 @@ def test_decode_graph_capture_and_custom_op():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
-    o2, _ = torch.ops.fa4_aot.fwd(q, k, v, None, None, 0, 0, True, None, -1, -1, "auto", 0.0)
+    o2, _ = torch.ops.fa4_aot.fwd(q, k, v, [None] * 5, [0, 0, -1, -1, 0], True, None, "auto",
+                                  0.0)
     check_close(o2, *[attention_ref(q, k, v, causal=True, upcast=u)[0] for u in (True, False)])
 
 

@@ -126,8 +126,8 @@ def test_paged_graph_capture_and_custom_op():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
-    o2, _ = torch.ops.fa4_aot.fwd(q, kc, vc, None, None, 0, 0, True, None, -1, -1, "auto", 0.0,
-                                  0, None, seqused, table)
+    o2, _ = torch.ops.fa4_aot.fwd(q, kc, vc, [None, None, None, seqused, table],
+                                  [0, 0, -1, -1, 0], True, None, "auto", 0.0)
     assert torch.equal(o2, ref)
 
 

@@ -9,11 +9,12 @@ import threading
 import pytest
 
 from fa4_aot import abi
-from fa4_aot.interface import grid_size, resolve_scheduler
+from fa4_aot.plan import grid_size, resolve_scheduler
 from fa4_aot.runtime import pack_params
 
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
+import fa4_aot.plan  # noqa: E402
 import fakecuda  # noqa: E402
 from conftest import memo_plan, run_in_threads  # noqa: E402
 from bench.benchlib import ZIPF_DOCS  # noqa: E402
@@ -122,6 +123,12 @@ def _packed(total=20, h=2, d=64):
             torch.randn(total, h, d, dtype=torch.bfloat16))
 
 
+def _varlen_args(q, k, cu_q, cu_k, max_q, max_k):
+    from fa4_aot import validate
+    validate.check_varlen_args(validate.Args(q, k, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                             max_seqlen_q=max_q, max_seqlen_k=max_k))
+
+
 @pytest.mark.parametrize("cu_q,cu_k,mq,mk,match", [
     ([0, 5, 20], [0, 5, 20], 15, 15, None),
     ([0, 9, 5, 20], [0, 9, 5, 20], 15, 15, "cu_seqlens_q decreases at index 2 .*never decrease"),
@@ -135,8 +142,7 @@ def test_check_varlen_reports_each_problem_by_name(cu_q, cu_k, mq, mk, match):
     """The offsets' values: only check_varlen reads them (one device->host copy)."""
     q, k, v = _packed()
     cq, ck = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
-    from fa4_aot.interface import _validate_varlen
-    _validate_varlen(q, k, cq, ck, mq, mk)  # structure only: never raises on values
+    _varlen_args(q, k, cq, ck, mq, mk)  # structure only: never raises on values
     if match is None:
         fa4_aot.check_varlen(cq, ck, mq, mk, total_q=20, total_k=20)
     else:
@@ -152,20 +158,19 @@ def test_check_varlen_without_packed_lengths():
 
 
 def test_varlen_structure_validation():
-    from fa4_aot.interface import _validate_varlen
     q, k, v = _packed()
     cq = torch.tensor([0, 5, 20], dtype=torch.int32)
     with pytest.raises(ValueError, match="same length"):
-        _validate_varlen(q, k, cq, torch.tensor([0, 20], dtype=torch.int32), 15, 20)
+        _varlen_args(q, k, cq, torch.tensor([0, 20], dtype=torch.int32), 15, 20)
     with pytest.raises(TypeError, match="cu_seqlens_q must be a 1-D int32"):
-        _validate_varlen(q, k, cq.long(), cq, 15, 15)
+        _varlen_args(q, k, cq.long(), cq, 15, 15)
     with pytest.raises(TypeError, match="cu_seqlens_k must be a 1-D int32"):
         fa4_aot.check_varlen(cq, cq.float(), 15, 15)
     with pytest.raises(ValueError, match="cu_seqlens_q must be contiguous"):
-        _validate_varlen(q, k, torch.tensor([0, 0, 5, 0, 20, 0], dtype=torch.int32)[::2], cq,
+        _varlen_args(q, k, torch.tensor([0, 0, 5, 0, 20, 0], dtype=torch.int32)[::2], cq,
                          15, 15)
     with pytest.raises(ValueError, match="max_seqlen_q must be a non-negative int"):
-        _validate_varlen(q, k, cq, cq, 15.0, 15)
+        _varlen_args(q, k, cq, cq, 15.0, 15)
 
 
 def test_varlen_needs_packed_rank():
@@ -177,12 +182,12 @@ def test_varlen_needs_packed_rank():
 
 
 def test_window_resolution():
-    from fa4_aot.interface import _window
-    assert _window((-1, -1), False) == (False, -1, -1)
-    assert _window((-1, -1), True) == (False, -1, -1)
-    assert _window((128, -1), True) == (True, 128, 0)
-    assert _window((-1, 0), True) == (False, -1, -1)
-    assert _window((64, 32), False) == (True, 64, 32)
+    from fa4_aot.validate import window
+    assert window((-1, -1), False) == (False, -1, -1)
+    assert window((-1, -1), True) == (False, -1, -1)
+    assert window((128, -1), True) == (True, 128, 0)
+    assert window((-1, 0), True) == (False, -1, -1)
+    assert window((64, 32), False) == (True, 64, 32)
 
 
 def test_fake_impl_shapes_for_torch_compile():
@@ -191,13 +196,13 @@ def test_fake_impl_shapes_for_torch_compile():
     with FakeTensorMode():
         q = torch.empty(2, 100, 8, 64, dtype=torch.bfloat16)
         k = torch.empty(2, 80, 2, 64, dtype=torch.bfloat16)
-        out, lse = torch.ops.fa4_aot.fwd(q, k, k, None, None, 0, 0, True, None, -1, -1, "auto",
-                                         0.0)
+        out, lse = torch.ops.fa4_aot.fwd(q, k, k, [None] * 5, [0, 0, -1, -1, 0], True, None,
+                                         "auto", 0.0)
         assert out.shape == q.shape and lse.shape == (2, 8, 100) and lse.dtype == torch.float32
         qp = torch.empty(300, 8, 64, dtype=torch.bfloat16)
         cu = torch.empty(3, dtype=torch.int32)
-        out, lse = torch.ops.fa4_aot.fwd(qp, qp, qp, cu, cu, 200, 200, False, None, -1, -1, "auto",
-                                         30.0)
+        out, lse = torch.ops.fa4_aot.fwd(qp, qp, qp, [cu, cu, None, None, None],
+                                         [200, 200, -1, -1, 0], False, None, "auto", 30.0)
         assert out.shape == qp.shape and lse.shape == (8, 300)
 
 
@@ -248,7 +253,7 @@ def test_softcap_launch_values():
     v = torch.randn(1, 7, 1, 8)
     scale, cap = 0.7, 2.0
     out, lse = attention_ref(q, k, v, softmax_scale=scale, softcap=cap)
-    vals = interface.softmax_scalars(scale, cap)
+    vals = fa4_aot.plan.softmax_scalars(scale, cap)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k)
     t = torch.tanh(s * vals["softcap_pre"])  # the kernel's apply_softcap
     m = t.amax(-1, keepdim=True)
@@ -256,7 +261,7 @@ def test_softcap_launch_values():
     lse_k = m.squeeze(-1) * vals["softmax_scale"] + torch.log(p.sum(-1))  # the epilogue
     torch.testing.assert_close(lse_k, lse)
     torch.testing.assert_close(torch.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdim=True), v), out)
-    assert interface.softmax_scalars(scale, 0.0) == {
+    assert fa4_aot.plan.softmax_scalars(scale, 0.0) == {
         "softmax_scale_log2": scale * math.log2(math.e), "softmax_scale": scale, "softcap_pre": 0.0}
 
 
@@ -344,8 +349,8 @@ def test_memo_hit_patches_addresses_and_matches_a_full_pack(monkeypatch):
     from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     derived = []
-    real = interface.derive_launches
-    monkeypatch.setattr(interface, "derive_launches", lambda c: derived.append(c) or real(c))
+    real = fa4_aot.plan.plan
+    monkeypatch.setattr(fa4_aot.plan, "plan", lambda c, *a: derived.append(c) or real(c, *a))
     with torch.no_grad():
         by_calls = 0
         for i in range(4):
@@ -354,8 +359,7 @@ def test_memo_hit_patches_addresses_and_matches_a_full_pack(monkeypatch):
             out, lse = fa4_aot.attention(q, k, v, causal=True, return_lse=True)
             by_calls += drv.encodes - before
             assert out.shape == q.shape and lse.shape == (2, 4, 100)
-            plan = real(derived[0])
-            (kl,) = plan.launches
+            (kl,) = memo_plan().launches
             values = _expected_values(kl, out, lse, q, k, v)
             params, ref, got = _reference_buffer(drv.launches[-1], kl.record, values,
                                                  {"q": q, "k": k, "v": v})
@@ -385,8 +389,8 @@ def test_memo_key_covers_what_the_launch_depends_on(monkeypatch, change):
     from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     derived = []
-    real = interface.derive_launches
-    monkeypatch.setattr(interface, "derive_launches", lambda c: derived.append(c) or real(c))
+    real = fa4_aot.plan.plan
+    monkeypatch.setattr(fa4_aot.plan, "plan", lambda c, *a: derived.append(c) or real(c, *a))
     q, k, v = _dense()
     kw = {}
     with torch.no_grad():
@@ -455,8 +459,8 @@ def test_per_call_checks_on_a_memo_hit(monkeypatch):
     with pytest.raises(NotImplementedError, match="fa4_aot is forward-only"):
         fa4_aot.attention(qg, k, v)
     with pytest.raises(NotImplementedError, match="forward-only"):
-        fa4_aot.interface.forward(q, k, v.clone().requires_grad_(), None, None, 0, 0, False,
-                                  None, -1, -1, "auto", 0.0)
+        fa4_aot.interface.forward(q, k, v.clone().requires_grad_(), [None] * 5,
+                                  [0, 0, -1, -1, 0], False, None, "auto", 0.0)
     with torch.no_grad():
         fa4_aot.attention(qg, k, v)
     with torch.inference_mode():
@@ -471,9 +475,10 @@ def test_op_form_shares_the_memo(monkeypatch):
     q, k, v = _dense()
     with torch.no_grad():
         fa4_aot.attention(q, k, v, causal=True, window_size=(32, 0))
-        n = len(interface._tls.memo)
-        out, lse = interface.forward(q, k, v, None, None, 0, 0, True, None, 32, 0, "auto", 0.0)
-    assert len(interface._tls.memo) == n
+        n = len(interface.memo_plans())
+        out, lse = interface.forward(q, k, v, [None] * 5, [0, 0, 32, 0, 0], True, None, "auto",
+                                     0.0)
+    assert len(interface.memo_plans()) == n
     a, b = drv.launches[-2:]
     assert a["offsets"] == b["offsets"]
 
@@ -626,7 +631,7 @@ def test_output_is_contiguous_and_its_strides_are_the_launched_ones(monkeypatch,
     (1024, True, {"softcap": 30.0}, 192),
 ])
 def test_hd64_calls_take_the_cheaper_tile(monkeypatch, s, causal, kw, m):
-    """hd64 prefill runs on 192-row tiles unless schedule.prefer_m128 says the 128-row
+    """hd64 prefill runs on 192-row tiles unless plan.prefer_m128 says the 128-row
     alternative costs less (full/causal work stealing only)."""
     kl = _dense_launch(monkeypatch, dict(b=2, sq=s, sk=s, h=16, hk=16, d=64), causal=causal, **kw)
     assert kl.record["launch"]["tile"]["m"] == m, kl.name
@@ -656,7 +661,7 @@ def _dense_launch(monkeypatch, shape: dict, **kw):
 ])
 def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
     """hd128: non-causal kernels run on 176-key blocks; causal calls take the wide-n
-    alternative (160 keys) when schedule.prefer_long_kv says their rows see enough keys."""
+    alternative (160 keys) when plan.prefer_long_kv says their rows see enough keys."""
     kl = _dense_launch(monkeypatch, dict(b=1, sq=sq, sk=sk, h=2, hk=2, d=128), causal=causal,
                        **kw)
     assert kl.record["launch"]["tile"]["n"] == n, kl.name
@@ -669,7 +674,7 @@ def test_hd128_calls_take_the_wide_n_tile(monkeypatch, sq, sk, causal, kw, n):
                                     ([1024] * 32, 128), ([1024] * 31 + [4096], 128),
                                     (list(ZIPF_DOCS), 160)])
 def test_varlen_wide_n_on_the_token_weighted_length(monkeypatch, lens, n):
-    """Causal varlen calls take the wide-n tile on schedule.varlen_length (the length of an
+    """Causal varlen calls take the wide-n tile on plan.varlen_length (the length of an
     average token's document, from the totals and max_seqlen), not the mean document length:
     16k + 32 x 512 (mean 993, 8,448 by tokens) ran 2.5 % faster on it (docs/perf-notes.md
     v18); since v32 from rows of 1,024 keys (16 x 2k +2 % on it, 32 x 1k -0.3 to -0.8 %); one
@@ -725,3 +730,34 @@ def test_moving_max_inputs_and_error_bound():
     assert check_close(ref_pt, ref, ref_pt) == (err, bound)
     with pytest.raises(AssertionError, match="NaN in output"):
         check_close(torch.full_like(ref, float("nan")), ref, ref_pt)
+
+
+def test_torch_compile_traces_the_op_with_packed_arguments(monkeypatch):
+    """torch.compile(fullgraph=True) traces attention() into torch.ops.fa4_aot.fwd (optional
+    tensors as a Tensor?[] list, sizes as SymInt[]) and the op's implementation runs the
+    eager path: the CPU stands in for CUDA through the fake driver."""
+    from fa4_aot import interface
+    drv = fakecuda.install(monkeypatch)
+    lib = torch.library.Library("fa4_aot", "IMPL")
+    lib.impl("fwd", interface.forward, "CPU")
+    q = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 64, 2, 64, dtype=torch.bfloat16)
+    qp, kp = q.reshape(128, 4, 64)[:64], k.reshape(128, 2, 64)[:64]
+    cu = torch.tensor([0, 30, 64], dtype=torch.int32)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, qp, kp, cu):
+        a = fa4_aot.attention(q, k, k, causal=True, window_size=(16, 0))
+        b, lse = fa4_aot.attention(qp, kp, kp, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                   max_seqlen_q=34, max_seqlen_k=34, return_lse=True)
+        return a, b, lse
+    try:
+        with torch.no_grad():
+            a, b, lse = f(q, k, qp, kp, cu)
+    finally:
+        lib._destroy()
+    assert a.shape == q.shape and b.shape == qp.shape and lse.shape == (4, 64)
+    assert len(drv.launches) == 2
+    windows = sorted((p.call.local, p.call.window_left, p.call.varlen)
+                     for p in interface.memo_plans())
+    assert windows == [(False, -1, True), (True, 16, False)]

@@ -1,0 +1,306 @@
+"""Validation of an :func:`fa4_aot.attention` call: every check, every error message (each
+names the argument and what was expected), and the :class:`fa4_aot.plan.CallSpec` of a valid
+call. Run once per memo miss, and once when torch.compile traces a call (:func:`check`)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from .abi import KV_CHUNK
+from .plan import MAX_SPLITS, CallSpec, contiguous_strides, resolve_scheduler
+
+try:
+    import torch
+except ImportError:  # the build imports fa4_aot without torch
+    torch = None
+
+DTYPE_NAMES = {}  # torch dtype -> "bf16" / "fp16" (filled on first use)
+
+
+class Args(NamedTuple):
+    """The arguments of one attention call, FlashAttention names (built on a memo miss and
+    under torch.compile, never on a memo hit)."""
+
+    q: object
+    k: object
+    v: object
+    causal: object = False
+    softmax_scale: object = None
+    scheduler: object = "auto"
+    window_size: object = (-1, -1)
+    softcap: object = 0.0
+    cu_seqlens_q: object = None
+    cu_seqlens_k: object = None
+    max_seqlen_q: object = None
+    max_seqlen_k: object = None
+    seqused_q: object = None
+    seqused_k: object = None
+    page_table: object = None
+    num_splits: object = None
+    out: object = None
+    trace: object = None
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
+
+
+def dtype_names() -> dict:
+    if not DTYPE_NAMES:
+        DTYPE_NAMES.update({torch.bfloat16: "bf16", torch.float16: "fp16"})
+    return DTYPE_NAMES
+
+
+def check_tensor(name, t, rank=4, layout="(batch, seqlen, heads, head_dim)"):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in dtype_names():
+        raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (head_dim); "
+                         f"got stride {t.stride(-1)}")
+    for ax in range(t.dim() - 1):
+        if t.shape[ax] > 1 and (t.stride(ax) * t.element_size()) % 16:
+            raise ValueError(f"{name}.stride({ax}) = {t.stride(ax)} elements is not a multiple of "
+                             f"16 bytes (TMA needs 16-byte aligned strides)")
+    if not torch.compiler.is_compiling() and t.data_ptr() % 16:  # no pointer while tracing
+        raise ValueError(f"{name} data pointer must be 16-byte aligned")
+
+
+def check_qkv(a: Args):
+    """q, k, v and the scalar arguments (softmax_scale, causal, softcap)."""
+    q, k, v = a.q, a.k, a.v
+    paged = a.page_table is not None
+    rank = 3 if a.varlen else 4
+    layout = "(total, heads, head_dim)" if a.varlen else "(batch, seqlen, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if paged and name != "q":  # the KV cache: (num_pages, page_size, heads_k, head_dim)
+            check_tensor(name, t, 4, "(num_pages, page_size, heads_k, head_dim) with page_table")
+        else:
+            check_tensor(name, t, rank, layout)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on the same device; got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    h, d = q.shape[-2:]
+    hk, dk = k.shape[-2:]
+    if not a.varlen and not paged and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k batch {k.shape[0]} != q batch {q.shape[0]}")
+    if dk != d:
+        raise ValueError(f"k head_dim {dk} != q head_dim {d}")
+    if hk == 0 or h % hk:
+        raise ValueError(f"q heads ({h}) must be a multiple of k/v heads ({hk})")
+    if not isinstance(a.causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(a.causal).__name__}")
+    # > 0: the kernels take each row's max of the raw scores as the softmax's reference point
+    # and mask with -inf, both of which assume a positive scale.
+    scale, softcap = a.softmax_scale, a.softcap
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)
+                                  and scale > 0):
+        raise ValueError(f"softmax_scale must be a finite float > 0 or None, got {scale!r}")
+    if (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+            or not math.isfinite(softcap) or softcap < 0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = no capping), got {softcap!r}")
+
+
+def check_cu_seqlens(name, cu, device=None):
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D int32 tensor (batch + 1 offsets), got "
+                        f"{getattr(cu, 'dtype', type(cu).__name__)}")
+    if device is not None and cu.device != device:
+        raise ValueError(f"{name} must be on {device}, got {cu.device}")
+    if cu.numel() < 2:
+        raise ValueError(f"{name} must have batch + 1 >= 2 entries, got {cu.numel()}")
+    if cu.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (the kernel reads batch + 1 consecutive "
+                         f"int32), got stride {cu.stride(0)}")
+
+
+def check_varlen_args(a: Args):
+    """Types, devices and lengths of the varlen arguments: what the launch depends on. The
+    offsets' values are not read here (that costs a device sync): :func:`check_varlen`. Paged
+    without ``cu_seqlens_k``: only q is packed (chunked prefill over a paged cache)."""
+    sides = [("q", a.cu_seqlens_q, a.max_seqlen_q)]
+    if not (a.page_table is not None and a.cu_seqlens_k is None):
+        sides.append(("k", a.cu_seqlens_k, a.max_seqlen_k))
+    for s, cu, _ in sides:
+        check_cu_seqlens(f"cu_seqlens_{s}", cu, a.q.device)
+    if len(sides) == 2 and a.cu_seqlens_q.numel() != a.cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); "
+                         f"got {a.cu_seqlens_q.numel()} and {a.cu_seqlens_k.numel()}")
+    for s, _, m in sides:
+        if not isinstance(m, int) or m < 0:
+            raise ValueError(f"max_seqlen_{s} must be a non-negative int with varlen, got {m!r}")
+
+
+def check_index_tensor(name, t, device, shape, what):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor {what}, got "
+                        f"{getattr(t, 'dtype', type(t).__name__)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} (the kernel reads it), got {t.device}")
+    wrong = tuple(t.shape) != tuple(shape) if shape else t.dim() != 2
+    if wrong:
+        raise ValueError(f"{name} must have shape {tuple(shape) if shape else what}, got "
+                         f"{tuple(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+
+
+def check_serving_args(a: Args, batch: int):
+    """num_splits, seqused_q/k and page_table. Their values (lengths, page indices) are not read
+    on the host: the kernels clamp them (a page outside the cache loads zeros)."""
+    ns, table, device = a.num_splits, a.page_table, a.q.device
+    if ns is not None and (isinstance(ns, bool) or not isinstance(ns, int)
+                           or not 1 <= ns <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be None (automatic) or an int in [1, {MAX_SPLITS}], "
+                         f"got {ns!r}")
+    for name, t in (("seqused_q", a.seqused_q), ("seqused_k", a.seqused_k)):
+        if t is not None:
+            check_index_tensor(name, t, device, (batch,), "(batch,)")
+    if table is not None:
+        check_index_tensor("page_table", table, device, None, "(batch, pages_per_seq)")
+        if table.shape[0] != batch or table.shape[1] < 1:
+            raise ValueError(f"page_table must have shape (batch, pages_per_seq) with batch = "
+                             f"{batch} and pages_per_seq >= 1, got {tuple(table.shape)}")
+        page_size = a.k.shape[1]
+        if page_size < KV_CHUNK or page_size % KV_CHUNK:
+            raise ValueError(f"the page size (k.shape[1] = {page_size}) must be a multiple of "
+                             f"{KV_CHUNK} with page_table")
+        if a.seqused_k is None:
+            raise ValueError("page_table needs seqused_k (the used KV length of each sequence)")
+        if a.cu_seqlens_k is not None:
+            raise ValueError("page_table replaces cu_seqlens_k: pass seqused_k for the lengths")
+    if ((table is not None or (ns or 1) > 1)
+            and (a.trace is not None or a.scheduler not in ("auto", "steal"))):
+        raise ValueError("num_splits > 1 and page_table run on the work-stealing decode kernels: "
+                         f"scheduler must be 'auto' or 'steal', got {a.scheduler!r}")
+
+
+def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                 total_q: int | None = None, total_k: int | None = None):
+    """Check the values of varlen offsets; raises ``ValueError`` naming what is wrong.
+
+    ``fa4_aot.attention`` does not read ``cu_seqlens_q/k`` on the host (that would cost a
+    device->host copy and a synchronisation on every call); the kernels clamp every document to
+    the packed length, so bad offsets give wrong output but touch no memory outside q, k, v,
+    out and the LSE. Call this where the offsets are made, or set ``FA4_AOT_CHECK_VARLEN=1`` to
+    run it on every call. Checks, for q and k: the offsets start at 0, never decrease, end
+    within the packed length (``total_q`` / ``total_k`` = q.shape[0] / k.shape[0], when given),
+    and no document is longer than ``max_seqlen_q`` / ``max_seqlen_k``. One device->host copy
+    of both tensors (not allowed while a CUDA graph is being captured)."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_cu_seqlens(name, cu)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); "
+                         f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    n = cu_seqlens_q.numel()
+    both = torch.cat((cu_seqlens_q, cu_seqlens_k.to(cu_seqlens_q.device))).tolist()  # one copy
+    for name, vals, total, mx in (("cu_seqlens_q", both[:n], total_q, max_seqlen_q),
+                                  ("cu_seqlens_k", both[n:], total_k, max_seqlen_k)):
+        if vals[0] != 0:
+            raise ValueError(f"{name}[0] = {vals[0]}: {name} must start at 0 and never decrease")
+        for i in range(1, n):
+            if vals[i] < vals[i - 1]:
+                raise ValueError(f"{name} decreases at index {i} ({vals[i - 1]} -> {vals[i]}): "
+                                 f"{name} must start at 0 and never decrease; got "
+                                 f"{vals[:8]}{'...' if n > 8 else ''}")
+        if total is not None and vals[-1] > total:
+            raise ValueError(f"{name}[-1] = {vals[-1]} exceeds the packed length {total}")
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        longest = max(lens)
+        if longest > mx:
+            raise ValueError(f"a document of {longest} tokens (document {lens.index(longest)}) "
+                             f"exceeds max_seqlen_{name[-1]} = {mx}")
+
+
+def window(window_size, causal):
+    """-> (local, left, right): FA convention, -1 = unbounded; causal forces right = 0."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), got {window_size!r}")
+    left, right = window_size
+    if causal:
+        right = 0
+    if left < 0 and (right < 0 or (causal and right == 0)):
+        return False, -1, -1  # plain full / causal mask
+    return True, left, right
+
+
+def check_out(out, q):
+    if out is not None and not (
+            isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+            and out.device == q.device and out.stride(-1) == 1
+            and all(out.stride(i) % 8 == 0 for i in range(out.dim() - 1))
+            and (torch.compiler.is_compiling() or out.data_ptr() % 16 == 0)):
+        raise ValueError("out must be a tensor with q's shape, dtype and device, a contiguous last "
+                         "dim and 16-byte aligned strides and data pointer; got "
+                         f"{getattr(out, 'shape', out)!r}")
+
+
+def forward_only():
+    return NotImplementedError(
+        "fa4_aot is forward-only (it has no backward): q, k or v requires grad while grad mode "
+        "is on. Call it under torch.no_grad() / torch.inference_mode(), or pass detached "
+        "tensors.")
+
+
+def check(a: Args, device_type: str = "cuda"):
+    """Every check of a call's arguments, in the order the error messages are documented and
+    tested (the one entry of a memo miss and of torch.compile's tracing). Returns
+    (local, left, right)."""
+    check_qkv(a)
+    if a.varlen:
+        check_varlen_args(a)
+    elif a.max_seqlen_q is not None or a.max_seqlen_k is not None:
+        raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
+    check_serving_args(a, (a.cu_seqlens_q.numel() - 1) if a.varlen else a.q.shape[0])
+    local, left, right = window(a.window_size, a.causal)
+    resolve_scheduler(a.scheduler)  # validate the name before any GPU work
+    if a.q.device.type != device_type:
+        raise ValueError(f"q, k, v must be CUDA tensors; got device {a.q.device}")
+    check_out(a.out, a.q)
+    if a.trace is not None and not (isinstance(a.trace, torch.Tensor)
+                                    and a.trace.device == a.q.device
+                                    and a.trace.dtype == torch.int64):
+        raise ValueError("_trace must be an int64 tensor on q's device")
+    return local, left, right
+
+
+def call_spec(a: Args, device_type: str = "cuda") -> CallSpec:
+    """Validate (:func:`check`) and describe the call for the planner."""
+    local, left, right = check(a, device_type)
+    q, k, v, table = a.q, a.k, a.v, a.page_table
+    if a.varlen:
+        q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        b, sq, sk = a.cu_seqlens_q.numel() - 1, a.max_seqlen_q, a.max_seqlen_k
+    else:
+        q4, k4, v4 = q, k, v
+        b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    if table is not None:  # k/v stay (num_pages, page_size, heads_k, d)
+        k4, v4 = k, v
+        sk = table.shape[1] * k.shape[1]
+    h, d = q.shape[-2:]
+    if a.out is not None:
+        o4 = a.out.unsqueeze(0) if a.varlen else a.out
+        out_view = (tuple(o4.shape), o4.stride())
+    else:
+        out_view = (tuple(q4.shape), contiguous_strides(tuple(q4.shape)))
+    scale = a.softmax_scale
+    return CallSpec(
+        dtype=dtype_names()[q.dtype], elem_bytes=q.element_size(),
+        q=(tuple(q4.shape), q4.stride()), k=(tuple(k4.shape), k4.stride()),
+        v=(tuple(v4.shape), v4.stride()), out=out_view, varlen=a.varlen, batch=b,
+        seqlen_q=sq, seqlen_k=sk, heads=h, heads_k=k.shape[-2], head_dim=d,
+        causal=a.causal and not local, local=local, window_left=left if local else -1,
+        window_right=right if local else -1,
+        softmax_scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
+        softcap=float(a.softcap), scheduler=a.scheduler, trace=a.trace is not None,
+        num_splits=a.num_splits, seqused_q=a.seqused_q is not None,
+        seqused_k=a.seqused_k is not None,
+        page_table=(tuple(table.shape), table.stride()) if table is not None else None)
