@@ -304,10 +304,8 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
     return {
         "abi_version": ABI_VERSION,
         "family": spec.family,
-        # The decode kernels stream K/V from HBM once: with 256-byte L2 promotion a quarter of
-        # their requests hit lines the promotion fetched and DRAM throughput stayed at 86 %;
-        # 128-byte promotion is 7-9 % faster there (docs/perf-notes.md v11). Prefill: no
-        # measurable difference, left at 256.
+        # The decode kernels stream K/V from HBM once: 128-byte L2 promotion fetches no lines
+        # they do not read (docs/design.md#tiles). Prefill: left at 256.
         "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m,
                              "kv_box_rows" if cfg.decode else t.n,
                              kv_l2_promotion="128B" if cfg.decode else "256B"),

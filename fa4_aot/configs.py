@@ -33,66 +33,47 @@ COMBINE_THREADS = 128
 
 @dataclass(frozen=True)
 class Tile:
-    """Tile shape, pipeline depth and mainloop schedule chosen per (arch, head_dim).
+    """Tile shape, pipeline depth and mainloop schedule chosen per (arch, head_dim). Each
+    switch's measurements: docs/design.md#tiles.
 
     ``overlap``: issue S(n) and O += P(n+1)V(n+1) together and run the softmax of S(n) under the
-    PV wgmma; ``pingpong``: the MMA warpgroups take turns issuing (round robin over two or
-    three). Both on at every head_dim since the P conversion stopped serialising the wgmmas
-    (docs/perf-notes.md v7; three warpgroups since v15), except ping-pong at hd256.
-    ``rescale_early`` (with overlap): O is multiplied by the previous
-    block's correction while S's wgmmas run, before the PV wgmma is issued, instead of after
-    the wait for it (the same operations in the same order: bitwise the same O; v14).
+    PV wgmma. ``pingpong``: the MMA warpgroups take turns issuing (round robin over two or
+    three); off at hd256, whose long wgmmas leave nothing to interleave.
+    ``rescale_early`` (with overlap): O is multiplied by the previous block's correction while
+    S's wgmmas run instead of after the PV wait (same operations, same order: bitwise equal O).
     ``q_stages`` (sm_90a prefill): Q buffers; with 2 the producer loads the next tile's Q while
-    this tile runs, so a short tile does not wait for it (causal S <= 4k and packed documents
-    +1 to +3 %, S = 512 +10 %, long rows unchanged: v16). Where shared memory allows: not
-    hd192/hd256 or 176-key blocks. The decode kernels load Q themselves and keep one.
+    this tile runs, so a short tile does not wait for it. Where shared memory allows (not
+    hd192/hd256 or 176-key blocks). The decode kernels load Q themselves and keep one.
     ``sum_chains`` (sm_90a): each row's block sum of P in four interleaved chains (value c into
-    chain c % 4, the sm_100a order) instead of a pairwise tree, so each exponential's add
-    follows it and the adds fill the issue slots while the MUFU queue is full (hd64, whose
-    exponentials keep the MUFU as busy as the wgmmas keep the tensor cores: +1 to +2.3 % on the
-    192-row tile, +7 % on the 128-row one; v18). Another rounding order of the row sum.
+    chain c % 4, the sm_100a order) instead of a pairwise tree, so the adds fill issue slots
+    while the MUFU queue is full (pays where exponentials bound the block: hd64). Another
+    rounding order of the row sum.
     ``staged_store`` (sm_90a prefill): O goes to global memory through the tile's Q buffer
-    (32-bit shared stores, then whole 16-byte chunks of rows, full 128-byte lines) instead of
-    as 32-bit pieces of eight rows straight from the accumulators: the same values, a quarter
-    of the global store requests. The Q buffer is then released after the epilogue, so it pays
-    where a second Q buffer hides that (hd128's 128-key tile: causal S = 1k..4k +4 to +12 %,
-    packed documents +3 to +4 %, windows +5 to +9 %; hd64's 128-row tile +3 to +5 %; hd96 up to
-    +3.6 %) or where the epilogue is long (one Q buffer: hd192 +2 to +8 %, hd256 +1 to +3 %).
-    Through the Q buffer it measured a loss or nothing on hd128's 176-key tile (one Q buffer,
-    20-47 key blocks per tile: -2 to -3 %) and hd64's 192-row tile (+-1.5 %): those stage O
-    through an O buffer (below). docs/perf-notes.md v19, v20.
+    (whole 16-byte chunks of rows, full 128-byte lines) instead of 32-bit pieces straight from
+    the accumulators: the same values, a quarter of the store requests. The Q buffer is then
+    released after the epilogue, so it pays where a second Q buffer hides that or where the
+    epilogue is long; tiles where it does not pay stage through an O buffer instead.
     ``o_buffer`` (with ``staged_store``): O passes through a 64-row buffer of its own instead
-    of the Q stage, which is then released before the epilogue as without staging; the MMA
-    warpgroups take the buffer in turn, each handing it on to the next through an mbarrier.
-    hd128's 176-key tile (one Q buffer, 16 KB of shared memory to spare): +0.5 to +7.4 %
-    non-causal, +1.8 to +3.3 % on long causal rows and packed documents; hd64's 192-row tile:
-    non-causal +1.6 to +2.9 %, causal -0.5 to +1.4 % (docs/perf-notes.md v20).
+    of the Q stage, which is then released before the epilogue; the MMA warpgroups hand the
+    buffer on to each other through an mbarrier.
     ``lazy_rescale`` (sm_90a): a row's running max moves only when a key block raises it by
     more than 2^8 (FA4's Blackwell rule); otherwise P is taken against the old max (values up
     to 256, harmless in fp32 and in 16-bit P) and, when no row of a warp moved, O's rescale is
     skipped. Each row decides for itself, so the bits do not depend on which rows share a warp
-    (packed GQA). hd64, whose exponentials bound the block: +1.2 to +1.9 % on long rows and
-    packed documents; hd128 -0.3 to -5 %: off there (v22). hd256 (prefill tiles): the same
-    cycles (+0.2 to +0.9 % in-process), and under sustained load -1.5 % time: 128 fewer FMULs
-    a thread a key block while the max stays, so less energy a block at the H200's power cap
-    and a higher clock (v23). Well inside
-    FA's error rule; on a sharply peaked row the dominant P is no longer exactly 1, which adds
-    one 16-bit rounding to it.
+    (packed GQA). Inside FA's error rule; on a sharply peaked row the dominant P is no longer
+    exactly 1, which adds one 16-bit rounding to it.
     ``edge_width`` (sm_90a prefill, with ``overlap``; 0: off): a tile's first key block (the
     causal diagonal or the sequence end) is computed on only its first ``edge_width`` columns
-    where no row of the tile sees more of them: S's wgmmas at that width, the PV wgmmas over
-    those keys (P is exactly 0 past them: the output is bitwise the same). Such tiles run a
-    second copy of the mainloop, chosen per tile; not in the decode or softcap kernels
-    (docs/perf-notes.md v28).
+    where no row of the tile sees more of them (P is exactly 0 past them: bitwise the same
+    output). Such tiles run a second copy of the mainloop, chosen per tile; not in the decode
+    or softcap kernels.
     ``lazy_reference`` (sm_90a prefill, bf16, with ``overlap``): in a tile's unmasked key
-    blocks P is taken against a reference decided by the blocks before (moved, FA4's Blackwell
-    rule, when a block's largest P exceeds 2^8, the decision taken at the next step under its
-    wgmmas) instead of the block's own row max, so each block's exponentials start as soon as
-    S is there. On the causal 160-key tile, whose loop the softmax paces: ~5 % fewer cycles
-    on long causal rows and packed documents (docs/perf-notes.md v36-v37). A block whose scores
-    rise ~70 nats above the blocks before it could overflow P; a test at the tile's end (no
-    cost in the loop) sends such a warp to an exact, slow recomputation from global K/V.
-    Ordinary attention never takes it."""
+    blocks P is taken against a reference decided by the blocks before (moved when a block's
+    largest P exceeds 2^8, decided at the next step under its wgmmas) instead of the block's
+    own row max, so each block's exponentials start as soon as S is there. A block whose
+    scores rise ~70 nats above the blocks before could overflow P: a test at the tile's end
+    sends such a warp to an exact recomputation from global K/V. Ordinary attention never
+    takes it."""
 
     m: int
     n: int
@@ -109,61 +90,42 @@ class Tile:
     lazy_reference: bool = False
 
 
-# Tile shapes per (arch, head_dim). On sm_90a each MMA warpgroup owns 64 rows of the m tile;
-# hd64 takes three (192 rows, 160 registers each: FA4's hd64 tile): 2x32x8k 423 -> 485 TFLOP/s
-# against the 128-row tile (docs/perf-notes.md v12); the three take turns on the tensor cores
-# like FA4's (+0.5 to +3.6 %, v15). O rescaled under S's wgmmas (``rescale_early``) where a tile
-# has many key blocks: hd64 on 192 rows +1.1 to +2.1 % on every shape measured, causal S = 2k to
-# 16k, packed documents, non-causal (docs/perf-notes.md v18); the 128-key hd128 tile, whose
-# calls are short causal rows and windows, keeps it off (causal S = 1k / 2k -0.9 / -0.5 %).
-# hd64's 192-row tile writes O through an O buffer that its three warpgroups hand on
-# (``o_buffer``; through its Q buffer it had measured +-1.5 %): non-causal +1.6 / +2.9 % at
-# S = 8k / 2k, causal -0.5 to +1.4 % (v20).
-# Every hd64 kernel (the 128-row and decode tiles too) sums P in four chains (``sum_chains``)
-# and moves its row max lazily (``lazy_rescale``): one arithmetic for all, so hd64's decode and
-# prefill kernels stay bitwise equal.
+# Tile shapes per (arch, head_dim) (docs/design.md#tiles). On sm_90a each MMA warpgroup owns 64
+# rows of the m tile; hd64 takes three (192 rows: FA4's hd64 tile), writing O through an O
+# buffer. O is rescaled under S's wgmmas where a tile has many key blocks (not the 128-key
+# hd128 tile, whose calls are short causal rows and windows). Every hd64 kernel (the 128-row
+# and decode tiles too) sums P in four chains and moves its row max lazily: one arithmetic
+# for all, so hd64's decode and prefill kernels stay bitwise equal.
 TILES = {
     "sm_90a": {64: Tile(m=192, n=128, kv_stages=4, q_stages=2, rescale_early=True,
                         sum_chains=True, staged_store=True, o_buffer=True, lazy_rescale=True),
                96: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
                128: Tile(m=128, n=128, kv_stages=2, q_stages=2, staged_store=True),
                192: Tile(m=128, n=112, kv_stages=2, staged_store=True),
-               # hd256: the wgmmas are long next to an 80-column softmax; without ping-pong
-               # and with O rescaled under S's wgmmas, +2-5 % (FA4's hd256 schedule; v14);
-               # the lazy row max, -1.5 % time under sustained load (v23).
+               # hd256: long wgmmas next to an 80-column softmax: FA4's hd256 schedule (no
+               # ping-pong, O rescaled under S's wgmmas) and the lazy row max.
                256: Tile(m=128, n=80, kv_stages=2, pingpong=False, rescale_early=True,
                          staged_store=True, lazy_rescale=True)},
     "sm_100a": {64: Tile(m=128, n=128, kv_stages=4), 128: Tile(m=128, n=128, kv_stages=2)},
 }
 
-# Wider key blocks: every block but the last needs no mask when nothing is masked, so a wider n
-# only amortises the per-block work (the O rescale, the row max and sum reductions, the
-# barriers, Q read again from shared memory for each block). hd128: 176 keys (FA3's non-causal
-# hd128 tile; 192 spills), +2 to +4 % on every non-causal shape measured, S = 512 to 32k and
-# packed documents. The non-causal kernels take it always; the causal ones have it (on 160
-# keys: TILES_LONG_KV below) as an alternative (``KernelConfig.long_kv``) for calls whose rows
-# see enough keys (``schedule.prefer_long_kv``): its diagonal blocks cost more, its steady state
-# less (v15: causal S = 1k -9 %, 2k -5 %, 6k +1 %, 8k / 16k +2 % at 176 keys; on 160 keys with
-# the trimmed first block, v32: 1k -5 %, 2k +0.8 %, 4k +3 to +4 %). docs/perf-notes.md v15.
-# O rescaled under S's wgmmas: +0.9 to +2.6 % on non-causal S = 2k to 8k (packed 16 x 2k
-# included) and causal 8k / 16k (v18). The first key block of a tile cut to 96 columns where
-# no row of the tile sees more (``edge_width``; the diagonal and sequence-end blocks): causal
-# 8k / 16k +1.1 to +1.6 %, packed documents 0 to +1.4 %, non-causal -0.7 to +1.6 % (v28).
+# Wider key blocks (hd128: 176 keys, FA3's non-causal tile; 192 spills): every block but the
+# last needs no mask when nothing is masked, so a wider n only amortises the per-block work.
+# The non-causal kernels take it always; the causal ones have it (on 160 keys: TILES_LONG_KV)
+# as an alternative for calls whose rows see enough keys (``plan.prefer_long_kv``): its
+# diagonal blocks cost more, its steady state less (docs/design.md#kernel-choice).
 TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=True,
                                       staged_store=True, o_buffer=True, edge_width=96)}}
 
-# The causal form of the wide tile (``KernelConfig.long_kv``): the same tile on 160 keys.
-# In-process against 176 keys, four samples (docs/perf-notes.md v31): packed documents
-# 1 x 16k + 32 x 512 causal -0.1 to +0.9 %, the zipf mix +0.6 to +2.2 %, causal 2 x 16 x 8k
-# +0.3 to +1.5 %, 1 x 16 x 16k -0.4 / +0.2 %; the same time under sustained load. Non-causal
-# stays on 176 keys (2 x 16 x 8k -2.1 % at 160).
+# The causal form of the wide tile (``KernelConfig.long_kv``): the same tile on 160 keys, which
+# the causal rows run faster; non-causal stays on 176 keys (docs/design.md#tiles).
 TILES_LONG_KV = {arch: {hd: dataclasses.replace(t, n=160, lazy_reference=True)
                         for hd, t in tiles.items()}
                  for arch, tiles in TILES_WIDE_N.items()}
 
 # The 128-row alternative of a taller tile (sm_90a hd64): full and causal work-stealing kernels
-# (``KernelConfig.m128``) for the calls where the taller tile's rounding of the sequence costs
-# more than it gains (``schedule.prefer_m128``: causal S = 1k, 308 against 295 TFLOP/s in v16).
+# (``KernelConfig.m128``) for calls where the taller tile's rounding of the sequence costs
+# more than it gains (``plan.prefer_m128``; docs/design.md#kernel-choice).
 TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale_early=True,
                                   sum_chains=True, staged_store=True, lazy_rescale=True)}}
 
@@ -171,10 +133,8 @@ TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale
 # one KV head share an m tile, so K/V are read once per KV head) and split-KV (the key range of
 # a tile cut into ``num_splits`` parts, merged by the combine kernel). One MMA warpgroup of 64
 # rows: a decode tile holds seqlen_q * group rows, often fewer than 64. The work is bound by
-# reading K and V, and about 96 KB of K/V in flight per SM reads fastest: 192 KB (the earlier
-# 128 x 3 stages at hd128) measured 1-3.4 % slower on every contiguous decode row, 64 KB 1-6 %
-# slower (docs/perf-notes.md v17). Three stages or more where possible: the paged loads issue
-# K and V in one pass then (``merged_kv_loads``).
+# reading K and V; about 96 KB of K/V in flight per SM reads fastest. Three stages or more where
+# possible: the paged loads issue K and V in one pass then (docs/design.md#tiles).
 DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=True,
                          lazy_rescale=True),
                 96: Tile(m=64, n=64, kv_stages=4, pingpong=False),
@@ -184,9 +144,8 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=Tr
 
 # The decode kernels with the 128-row tile (``KernelConfig.wide``: paged KV or forced splits
 # with many packed rows, such as chunked prefill over a paged cache): the 128-row prefill tiles,
-# with a third K/V stage at head_dim 128, with which the paged loads issue K and V in one pass
-# (chunked prefill page 16 +42 %, page 64 +2 %, docs/perf-notes.md v13). Larger head dims have
-# no shared memory for a third stage.
+# with a third K/V stage at head_dim 128 (the paged loads then issue K and V in one pass).
+# Larger head dims have no shared memory for a third stage.
 DECODE_WIDE_TILES = {hd: dataclasses.replace(TILES_M128["sm_90a"].get(hd, t), q_stages=1,
                                               staged_store=False)
                      for hd, t in TILES["sm_90a"].items()}
