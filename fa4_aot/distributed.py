@@ -290,12 +290,14 @@ def _side_stream(device):
     return _SIDE_STREAMS[key]
 
 
+# context_parallel_attention's further keyword arguments and their defaults
+CP_OPTIONS = {"softcap": 0.0, "comm": "ring", "attn_fn": None, "group_pairs": True}
+_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")  # refused
+
+
 def context_parallel_attention(q, k, v, group=None, causal: bool = False,
                                softmax_scale: float | None = None, return_lse: bool = False, *,
-                               seqlen: int | None = None, window_size=(-1, -1),
-                               softcap: float = 0.0, comm: str = "ring", attn_fn=None,
-                               group_pairs: bool = True, cu_seqlens_q=None, cu_seqlens_k=None,
-                               max_seqlen_q=None, max_seqlen_k=None):
+                               seqlen: int | None = None, window_size=(-1, -1), **options):
     """Attention forward over a sequence split across the ranks of ``group`` (zigzag shards).
 
     q: this rank's shard (batch, 2C, heads, head_dim) from :func:`shard`; k, v: (batch, 2C,
@@ -309,11 +311,17 @@ def context_parallel_attention(q, k, v, group=None, causal: bool = False,
     ``comm``: ``"ring"`` (default: P2P ring overlapped with compute, memory of two K/V shards)
     or ``"allgather"`` (one all-gather of K/V up front). ``attn_fn``: the per-pair attention (see
     the module docstring). ``group_pairs=False`` makes one call per (q chunk, kv chunk) pair
-    (testing)."""
+    (testing). Keyword ``options``: ``softcap``, ``comm``, ``attn_fn``, ``group_pairs``
+    (:data:`CP_OPTIONS`); varlen arguments (``cu_seqlens_q`` ...) are refused."""
     import torch
     import torch.distributed as dist
 
-    if any(x is not None for x in (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)):
+    unknown = sorted(set(options) - set(CP_OPTIONS) - set(_VARLEN_ARGS))
+    if unknown:
+        raise TypeError(f"context_parallel_attention() got unexpected keyword arguments "
+                        f"{unknown}; options: {sorted(CP_OPTIONS)}")
+    softcap, comm, attn_fn, group_pairs = (options.get(n, d) for n, d in CP_OPTIONS.items())
+    if any(options.get(n) is not None for n in _VARLEN_ARGS):
         raise ValueError("context_parallel_attention does not support varlen (cu_seqlens / "
                          "max_seqlen): pass batched (batch, seqlen, heads, head_dim) shards")
     if comm not in ("ring", "allgather"):
