@@ -305,7 +305,7 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
         "abi_version": ABI_VERSION,
         "family": spec.family,
         # The decode kernels stream K/V from HBM once: 128-byte L2 promotion fetches no lines
-        # they do not read (docs/design.md#tiles). Prefill: left at 256.
+        # they do not read (docs/design.md#tile-choices). Prefill: left at 256.
         "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m,
                              "kv_box_rows" if cfg.decode else t.n,
                              kv_l2_promotion="128B" if cfg.decode else "256B"),

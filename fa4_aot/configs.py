@@ -34,7 +34,7 @@ COMBINE_THREADS = 128
 @dataclass(frozen=True)
 class Tile:
     """Tile shape, pipeline depth and mainloop schedule chosen per (arch, head_dim). Each
-    switch's measurements: docs/design.md#tiles.
+    switch's measurements: docs/design.md#tile-choices.
 
     ``overlap``: issue S(n) and O += P(n+1)V(n+1) together and run the softmax of S(n) under the
     PV wgmma. ``pingpong``: the MMA warpgroups take turns issuing (round robin over two or
@@ -90,7 +90,7 @@ class Tile:
     lazy_reference: bool = False
 
 
-# Tile shapes per (arch, head_dim) (docs/design.md#tiles). On sm_90a each MMA warpgroup owns 64
+# Tile shapes per (arch, head_dim) (docs/design.md#tile-choices). On sm_90a each MMA warpgroup owns 64
 # rows of the m tile; hd64 takes three (192 rows: FA4's hd64 tile), writing O through an O
 # buffer. O is rescaled under S's wgmmas where a tile has many key blocks (not the 128-key
 # hd128 tile, whose calls are short causal rows and windows). Every hd64 kernel (the 128-row
@@ -118,7 +118,7 @@ TILES_WIDE_N = {"sm_90a": {128: Tile(m=128, n=176, kv_stages=2, rescale_early=Tr
                                       staged_store=True, o_buffer=True, edge_width=96)}}
 
 # The causal form of the wide tile (``KernelConfig.long_kv``): the same tile on 160 keys, which
-# the causal rows run faster; non-causal stays on 176 keys (docs/design.md#tiles).
+# the causal rows run faster; non-causal stays on 176 keys (docs/design.md#tile-choices).
 TILES_LONG_KV = {arch: {hd: dataclasses.replace(t, n=160, lazy_reference=True)
                         for hd, t in tiles.items()}
                  for arch, tiles in TILES_WIDE_N.items()}
@@ -134,7 +134,7 @@ TILES_M128 = {"sm_90a": {64: Tile(m=128, n=128, kv_stages=3, q_stages=2, rescale
 # a tile cut into ``num_splits`` parts, merged by the combine kernel). One MMA warpgroup of 64
 # rows: a decode tile holds seqlen_q * group rows, often fewer than 64. The work is bound by
 # reading K and V; about 96 KB of K/V in flight per SM reads fastest. Three stages or more where
-# possible: the paged loads issue K and V in one pass then (docs/design.md#tiles).
+# possible: the paged loads issue K and V in one pass then (docs/design.md#tile-choices).
 DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=True,
                          lazy_rescale=True),
                 96: Tile(m=64, n=64, kv_stages=4, pingpong=False),

@@ -99,7 +99,7 @@ TALL_TILE_GAIN = 1.25  # a taller m tile's gain per unit of work (sm_90a hd64, 1
 
 def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
     """``auto``: work stealing on sm_90a (persistent CTAs overlap a tile's store with the next
-    load; docs/design.md#scheduler), CLC on sm_100a; ``steal`` on sm_100a means CLC."""
+    load; docs/design.md#schedulers), CLC on sm_100a; ``steal`` on sm_100a means CLC."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
     if scheduler == "auto":

@@ -5,7 +5,7 @@ linear tile index into ``(m_block, head, batch)`` with :func:`decode_tile`; the 
 runs on Python ints here (tests, trace rendering) and on DSL ``Int32`` values inside the
 kernels (it uses only ``*``, ``//`` and ``-``), so host and kernels share one decode.
 
-Order (longest-processing-time first, L2-aware; docs/design.md#tile-order):
+Order (longest-processing-time first, L2-aware; docs/design.md#l2-sections):
 
 * The ``num_heads * batch`` (head, batch) pairs are cut into *sections* of ``section`` pairs,
   ``section`` dividing ``num_heads * batch`` exactly (no ragged tail, so no branch in the
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 # K/V bytes a section may hold: far below the L2, whose two partitions serve about a wave of
 # tiles each streaming its head's K/V at its own pace; more costs DRAM traffic and, at the
-# power cap, clock (docs/design.md#tile-order).
+# power cap, clock (docs/design.md#l2-sections).
 L2_BUDGET_BYTES = 8 * 1024 * 1024
 
 # Causal calls keep at least two heads per section: one head's tiles ordered heaviest to
-# lightest leave a light tail before the next head's heaviest (docs/design.md#tile-order).
+# lightest leave a light tail before the next head's heaviest (docs/design.md#l2-sections).
 CAUSAL_MIN_SECTION = 2
 
 
@@ -65,7 +65,7 @@ def heavy_m_blocks(nb, causal: bool):
 
 # The lower half of a causal document's m-blocks goes with all heads together (its light tiles
 # last) unless the K/V those tiles read over all heads exceeds this: then in head sections
-# too, after the upper half's (fewer DRAM reads; docs/design.md#tile-order).
+# too, after the upper half's (fewer DRAM reads; docs/design.md#l2-sections).
 LIGHT_ALL_HEADS_BYTES = 40 * 1024 * 1024
 
 
@@ -130,7 +130,7 @@ def compact_section(num_heads: int, seqlen_k: int, head_dim: int, elem_bytes: in
     """Heads per section of the compact varlen order (:func:`compact_tiles`), a divisor of
     ``num_heads``, sized as :func:`choose_section` sizes a dense call of one sequence of the
     longest document's length (under a causal mask only the upper half of each document's
-    m-blocks goes in sections; docs/design.md#tile-order)."""
+    m-blocks goes in sections; docs/design.md#l2-sections)."""
     return choose_section(num_heads, 1, seqlen_k, head_dim, elem_bytes, qhead_per_kvhead, causal)
 
 
