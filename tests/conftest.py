@@ -1,13 +1,12 @@
-import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import pytest  # noqa: E402
-
-REPRODUCIBLE_SKIP = ("full rebuild of every kernel (~13 min on 2 cores): `make reproducible` runs it "
-                     "(CI does); here only with pytest --run-reproducible")
+REPRODUCIBLE_SKIP = ("full rebuild of every kernel (the Makefile's FULL_REBUILD_MINUTES): "
+                     "`make reproducible` runs it (CI does); here only with pytest "
+                     "--run-reproducible")
 
 
 def pytest_addoption(parser):
@@ -16,8 +15,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "reproducible: rebuilds every shipped kernel (~13 min on 2 "
-                            "cores); skipped unless --run-reproducible (`make reproducible`)")
+    config.addinivalue_line("markers", "reproducible: rebuilds every shipped kernel; skipped "
+                            "unless --run-reproducible (`make reproducible`)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -27,12 +27,12 @@ def probe_maps():
     probe per process)."""
     out = {}
     for fam in FAMILIES:
-        code = ("import json, sys; sys.path.insert(0, %r)\n"
+        code = ("import json\n"
                 "from fa4_aot import abi\n"
                 "from build_tools.abi_probe import probe_ptx, stored_param_at\n"
-                "print(json.dumps(stored_param_at(probe_ptx(abi.SPECS[%r]))))" % (str(ROOT), fam))
+                "print(json.dumps(stored_param_at(probe_ptx(abi.SPECS[%r]))))" % fam)
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=300)
+                             timeout=300, cwd=ROOT)
         assert res.returncode == 0, res.stderr[-2000:]
         out[fam] = {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
     return out

@@ -16,9 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
 
-import benchlib as bl  # noqa: E402
+import benchlib as bl  # noqa: E402  (bench/ is on pytest.ini's pythonpath)
 import cold_start  # noqa: E402
 
 PROVIDERS = ["fa4_aot:single", "fa4_aot:static", "fa4_aot:steal", "cudnn", "flash", "fa4"]

@@ -3,15 +3,13 @@ table, merge into the bench file (other groups kept)."""
 
 import json
 import shutil
-import sys
 
 import pytest
 
 from conftest import ROOT
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(ROOT / "bench"))
-import bench_decode as bd  # noqa: E402
+import bench_decode as bd  # noqa: E402  (bench/ is on pytest.ini's pythonpath)
 
 
 def test_measure_checks_times_and_records_failures(monkeypatch):

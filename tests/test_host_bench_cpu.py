@@ -10,8 +10,7 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-import benchlib as bl  # noqa: E402
+import benchlib as bl  # noqa: E402  (bench/ is on pytest.ini's pythonpath)
 
 
 def _host_rows():

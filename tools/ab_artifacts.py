@@ -17,7 +17,7 @@ SQ > 1) against SK keys in a shuffled paged cache (bench/bench_decode.py's paged
 or ``kv:B,SQ,SK,H,HK[,D]``: the same with contiguous (B, SK, HK, D) K/V (decode shapes; D
 128 unless given).
 
-A variant ``name=folder:CONST=value`` also sets launch values of ``fa4_aot.schedule`` while it
+A variant ``name=folder:CONST=value`` also sets launch rules of ``fa4_aot.plan`` while it
 runs (``wide=artifacts:LONG_KV_KEYS=0``: the shipped kernels under another launch rule).
 A variant folder may hold only the kernels it changes (built with
 ``python -m tools.variants ... --only ...``, completed by ``python -m tools.fill_variant``); every call of a shape must find its kernel there. Outputs are
@@ -37,14 +37,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 import fa4_aot
-from fa4_aot import interface, manifest, runtime, schedule
+from fa4_aot import interface, manifest, plan, runtime
 from bench.benchlib import doc_lens, round_order, visible_pairs
 from bench.bench_decode import paged_inputs
 
 
 class Variant:
     """``name=folder`` or ``name=folder:CONST=value[,CONST=value]``: an artifacts folder, and
-    launch values of ``fa4_aot.schedule`` set while this variant runs (e.g.
+    launch rules of ``fa4_aot.plan`` set while this variant runs (e.g.
     ``wide=artifacts:LONG_KV_KEYS=0``: the same kernels, another launch rule)."""
 
     defaults: dict = {}
@@ -57,7 +57,7 @@ class Variant:
         self.consts = {}
         for kv in filter(None, consts.split(",")):
             k, v = kv.split("=", 1)
-            Variant.defaults.setdefault(k, getattr(schedule, k))
+            Variant.defaults.setdefault(k, getattr(plan, k))
             self.consts[k] = type(Variant.defaults[k])(float(v))
 
     def enter(self):
@@ -66,7 +66,7 @@ class Variant:
         runtime._modules, runtime._plans = self.modules, self.plans
         interface.load_manifest = lambda root=None: self.man
         for k, v in Variant.defaults.items():
-            setattr(schedule, k, self.consts.get(k, v))
+            setattr(plan, k, self.consts.get(k, v))
         interface.clear_memo()
         Variant.active = self
 
