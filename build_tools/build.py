@@ -436,9 +436,10 @@ def build_one_best(cfg: KernelConfig, tcs: dict[str, tcm.Toolchain], out: Path, 
 # --------------------------------------------------------------------------- progress, verdict
 
 # A full rebuild of the 253 configurations with 2 jobs on a 2-core machine takes the Makefile's
-# FULL_REBUILD_MINUTES (27), i.e. ~12.8 s of one core per configuration (DSL compile + ptxas +
-# inspection). Only the first estimate uses it; the ETA then follows the measured rate.
-SECONDS_PER_CONFIG_CORE = 12.8
+# FULL_REBUILD_MINUTES, i.e. ~6.2 s of one core per configuration (DSL compile + ptxas +
+# inspection; 786 s for all 253 with 2 jobs). Only the first estimate uses it; the ETA then
+# follows the measured rate.
+SECONDS_PER_CONFIG_CORE = 6.2
 
 
 def format_duration(seconds: float) -> str:

@@ -289,7 +289,10 @@ def _stale_kernels() -> list[str]:
 
 def _run_readme_command(cmd: str, clone, tmp_path) -> subprocess.CompletedProcess:
     venv = Path(sys.prefix)  # the virtualenv running these tests (`make test`: the Makefile's)
-    env = {**os.environ, "NO_COLOR": "1"}
+    # As typed in a shell: not a sub-make of `make test` (whose MAKELEVEL/MAKEFLAGS would make
+    # make print "Entering/Leaving directory" lines around the output).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    env["NO_COLOR"] = "1"
     if cmd.startswith("make build"):
         pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl not installed")
         stale = _stale_kernels()
