@@ -203,22 +203,22 @@ class Mainloop:
     def qk_alone(self, wg, f: Frags, pipe_k, k_state, trim=False):
         """S = Q K^T for the next key block, waited for (no PV in flight); ``trim``: see
         :meth:`gemm_qk`."""
-        pipe_k.consumer_wait(k_state)
-        self.pingpong_wait(wg)
-        self.gemm_qk(f, k_state.index, trim)
-        self.pingpong_signal(wg)
-        warpgroup.wait_group(0)
-        pipe_k.consumer_release(k_state)
+        self.gemm_alone(wg, f, pipe_k, k_state, self.gemm_qk, trim)
 
     def pv_alone(self, wg, f: Frags, pipe_v, v_state, trim=False):
         """O += P V for the next value block, waited for (no QK in flight); ``trim``: see
         :meth:`gemm_pv`."""
-        pipe_v.consumer_wait(v_state)
+        self.gemm_alone(wg, f, pipe_v, v_state, self.gemm_pv, trim)
+
+    def gemm_alone(self, wg, f: Frags, pipe, state, gemm, trim):
+        """``gemm`` on stage ``state`` of ``pipe`` in this warpgroup's ping-pong turn, waited
+        for; the stage is released after it."""
+        pipe.consumer_wait(state)
         self.pingpong_wait(wg)
-        self.gemm_pv(f, v_state.index, trim)
+        gemm(f, state.index, trim)
         self.pingpong_signal(wg)
         warpgroup.wait_group(0)
-        pipe_v.consumer_release(v_state)
+        pipe.consumer_release(state)
 
     @cute.jit
     def rescale_o(self, f: Frags):
