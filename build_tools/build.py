@@ -1,6 +1,6 @@
 """Build the shipped artifact set: CuTe DSL -> PTX -> ptxas (chosen version) -> cubin -> manifest.
 
-    python build_tools/build.py [--ptxas 13.1|best] [--best-candidates 13.0,13.1] [--only REGEX]
+    python build_tools/build.py [--ptxas 13.1|best|tuned] [--best-candidates 13.0,13.1] [--only REGEX]
                                 [--jobs N] [--force] [--allow-isa-rewrite] [--out artifacts]
                                 [--check-reproducible] [--report]
 
@@ -39,6 +39,13 @@ stl} | {ptxas_version, error}}, "reason": ...}`` and the build record says ``"pt
 "best"`` with the releases tried in ``ptxas_candidates``. A candidate that fails to assemble is
 recorded with its error and skipped; the kernel fails only when every candidate fails. ptxas
 12.8 (PTX ISA rewrite) is never a candidate.
+
+``--ptxas tuned`` assembles each kernel with the ptxas that ``build_tools/tune.py`` measured
+fastest for it (its record's ``measured.chosen``, read from the manifest being rebuilt; 13.1
+where there is none) and records ``ptxas_choice = {"mode": "tuned", "chosen": release,
+"reason": ...}`` and the ``measured`` block; its fingerprint names that one ptxas, so a kernel
+already built with it is kept, and ``--check-reproducible`` rebuilds each kernel with the ptxas
+its committed record names. A rebuilt kernel whose PTX did not change keeps its ``measured``.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ from fa4_aot.configs import CONFIG_SPACE, KernelConfig  # noqa: E402
 
 SCHEMA_VERSION = 1
 BEST = "best"  # --ptxas best: per kernel, the best of several ptxas releases
+TUNED = "tuned"  # --ptxas tuned: per kernel, the ptxas measured fastest (build_tools/tune.py)
 BEST_CANDIDATES_ENV = "FA4_AOT_BEST_CANDIDATES"
 CANDIDATE_FIELDS = ("registers", "spill_store_bytes", "spill_load_bytes", "ldl", "stl")
 CUTLASS_DSL_PIN = "4.8.1"
@@ -433,6 +441,25 @@ def build_one_best(cfg: KernelConfig, tcs: dict[str, tcm.Toolchain], out: Path, 
     return rec
 
 
+# --------------------------------------------------------------------------- --ptxas tuned
+
+TUNED_DEFAULT = tcm.DEFAULT_PTXAS  # kernels without a measurement
+
+
+def tuned_choices(kernels: dict) -> dict[str, tuple[str, str, dict]]:
+    """``{kernel: (release, reason, measured)}`` of the manifest records that carry a
+    ``measured`` choice (build_tools/tune.py apply)."""
+    out = {}
+    for name, rec in kernels.items():
+        m = rec.get("measured") or {}
+        chosen = m.get("chosen_release") or (".".join(str(m["chosen"]).split(".")[:2])
+                                             if m.get("chosen") else None)
+        if chosen:
+            tcm.check_ptxas_release(chosen)
+            out[name] = (chosen, f"measured: {m.get('reason', 'fastest')}", m)
+    return out
+
+
 # --------------------------------------------------------------------------- progress, verdict
 
 # A full rebuild of the 253 configurations with 2 jobs on a 2-core machine takes the Makefile's
@@ -523,7 +550,8 @@ def build_verdict(manifest: dict, manifest_path: Path, failures=()) -> str:
 def ptxas_argument_error(value: str | None, allow_isa_rewrite: bool = False) -> str | None:
     """What is wrong with a PTXAS / --ptxas value, for the user (None when it is fine)."""
     valid = (f"valid: {', '.join(tcm.SUPPORTED_PTXAS)} or {BEST} (per kernel, the best of "
-             f"those); {', '.join(tcm.ISA_REWRITE_PTXAS)} only with ALLOW_ISA_REWRITE=1")
+             f"those) or {TUNED} (per kernel, the measured fastest: make tune); "
+             f"{', '.join(tcm.ISA_REWRITE_PTXAS)} only with ALLOW_ISA_REWRITE=1")
     v = (value or "").strip()
     if not v:
         return f"PTXAS is empty: name a ptxas release, e.g. `make build PTXAS={tcm.DEFAULT_PTXAS}`; " \
@@ -535,24 +563,38 @@ def ptxas_argument_error(value: str | None, allow_isa_rewrite: bool = False) -> 
                 f"lowering the PTX .version header (warned, recorded in the manifest): "
                 f"`make build PTXAS={v} ALLOW_ISA_REWRITE=1` "
                 f"(build.py --ptxas {v} --allow-isa-rewrite)")
-    if v != BEST and v not in tcm.SUPPORTED_PTXAS and v not in tcm.ISA_REWRITE_PTXAS:
+    if v not in (BEST, TUNED) and v not in tcm.SUPPORTED_PTXAS and v not in tcm.ISA_REWRITE_PTXAS:
         return f"PTXAS={v!r} is not a ptxas release this build knows; " + valid
     return None
 
 
 def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
           allow_isa_rewrite: bool, candidates: str | None = None, report: bool = False,
-          verdict: bool = True) -> int:
-    """``ptxas`` is a release or ``"best"``; ``candidates`` ("13.0,13.1") restricts ``best``.
+          verdict: bool = True, tuned_from: Path | None = None) -> int:
+    """``ptxas`` is a release, ``"best"`` or ``"tuned"``; ``candidates`` ("13.0,13.1")
+    restricts ``best``; ``tuned_from``: the manifest whose ``measured.chosen`` picks each
+    kernel's ptxas for ``tuned`` (default: out/manifest.json, else artifacts/manifest.json).
     ``report``: run the spill report on the written manifest; ``verdict``: end with the one-line
     verdict (build_verdict), printed last."""
     dsl_version = _installed_dsl_version()
     if dsl_version != CUTLASS_DSL_PIN:
         print(f"warning: nvidia-cutlass-dsl {dsl_version} installed, pinned {CUTLASS_DSL_PIN}",
               file=sys.stderr)
-    best = ptxas == BEST
+    best, tuned = ptxas == BEST, ptxas == TUNED
+    tuned_records: dict = {}
     try:
-        if best:
+        if tuned:
+            if tuned_from is None:
+                tuned_from = out / "manifest.json"
+                if not tuned_from.exists():
+                    tuned_from = ROOT / "artifacts" / "manifest.json"
+            tuned_records = tuned_choices(json.loads(Path(tuned_from).read_text())["kernels"])
+            releases = sorted({rel for rel, _, _ in tuned_records.values()} | {TUNED_DEFAULT},
+                              key=tcm.version_key)
+            with cf.ThreadPoolExecutor(max_workers=len(releases)) as fetch:
+                tcs = dict(zip(releases, fetch.map(tcm.get_toolchain, releases)))
+            tc = None
+        elif best:
             releases = best_candidates(candidates)
             with cf.ThreadPoolExecutor(max_workers=len(releases)) as fetch:
                 tcs = dict(zip(releases, fetch.map(tcm.get_toolchain, releases)))
@@ -565,7 +607,10 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
     isa_rewrite = ptxas in tcm.ISA_REWRITE_PTXAS
     # What the fingerprint knows of ptxas: its full version, or every candidate's.
     ptxas_key = ("best:" + ",".join(t.ptxas_version for t in tcs.values())) if best \
-        else tc.ptxas_version
+        else None if tuned else tc.ptxas_version
+
+    def tuned_release(name: str) -> tuple[str, str, dict | None]:
+        return tuned_records.get(name, (TUNED_DEFAULT, f"no measurement: {TUNED_DEFAULT}", None))
     if isa_rewrite:
         print(f"WARNING: ptxas {ptxas} accepts PTX ISA {tcm.PTX_ISA_BY_PTXAS[ptxas]} only; the "
               f"DSL emits {tcm.PTX_ISA_BY_PTXAS['12.9']}. Rewriting the .version header as you "
@@ -585,17 +630,24 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
 
     todo, kept = [], {}
     for cfg in configs:
-        fp = kernel_fingerprint(cfg, src_fp, dsl_version, ptxas_key, isa_rewrite)
+        key = tcs[tuned_release(cfg.name)[0]].ptxas_version if tuned else ptxas_key
+        fp = kernel_fingerprint(cfg, src_fp, dsl_version, key, isa_rewrite)
         rec = old_kernels.get(cfg.name)
         if (not force and rec and rec.get("fingerprint") == fp
                 and (out / rec["cubin"]).exists() and (out / rec["ptx"]).exists()):
+            if tuned:  # the same cubin: say why it is this ptxas
+                rel, reason, measured = tuned_release(cfg.name)
+                rec = {**rec, "ptxas_choice": {"mode": TUNED, "chosen": rel, "reason": reason}}
+                if measured is not None:
+                    rec["measured"] = measured
             kept[cfg.name] = rec
         else:
             todo.append((cfg, fp))
     print(f"fa4_aot build: {len(configs)} configurations, {len(kept)} up to date, "
           f"{len(todo)} to build; ptxas "
           + (f"best of {', '.join(t.ptxas_version for t in tcs.values())}" if best
-             else tc.ptxas_version) + f", nvidia-cutlass-dsl {dsl_version}"
+             else f"tuned (per kernel, measured fastest of {', '.join(tcs)}; unmeasured: "
+             f"{TUNED_DEFAULT})" if tuned else tc.ptxas_version) + f", nvidia-cutlass-dsl {dsl_version}"
           + (f"; {jobs} job{'s' if jobs != 1 else ''}, first estimate "
              f"~{format_duration(estimate_seconds(len(todo), jobs))}" if todo else ""),
           flush=True)
@@ -605,12 +657,12 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
     for arch in {c.arch for c, _ in todo}:
         (out / arch).mkdir(parents=True, exist_ok=True)
     known = {c.name for c in space}
-    if best:
+    if best or tuned:
         first = next(iter(tcs.values()))
         build_record = {
             "cutlass_dsl_version": dsl_version,
-            "ptxas_release": BEST,
-            "ptxas_version": BEST,  # per kernel: kernels[*].ptxas_version / ptxas_choice
+            "ptxas_release": ptxas,
+            "ptxas_version": ptxas,  # per kernel: kernels[*].ptxas_version / ptxas_choice
             "ptxas_candidates": list(tcs),
             "ptxas_candidate_versions": {rel: t.ptxas_version for rel, t in tcs.items()},
             # every candidate accepts this much (the oldest candidate's maximum)
@@ -620,6 +672,8 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             "source_fingerprint": src_fp,
             "abi_version": abi.ABI_VERSION,
         }
+        if tuned:
+            build_record["tuned_default"] = TUNED_DEFAULT
     else:
         build_record = {
             "cutlass_dsl_version": dsl_version,
@@ -645,12 +699,23 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
         try:
             if best:
                 rec = build_one_best(cfg, tcs, out, compiled, asm_pool)
+            elif tuned:
+                rel, reason, measured = tuned_release(cfg.name)
+                rec = build_one(cfg, tcs[rel], out, False, compiled)
+                rec["ptxas_choice"] = {"mode": TUNED, "chosen": rel, "reason": reason}
+                if measured is not None:
+                    rec["measured"] = measured
             else:
                 rec = build_one(cfg, tc, out, isa_rewrite, compiled)
         except Exception as e:  # a failing configuration must not stop the others
             failed(cfg, f"{type(e).__name__}: {e}")
             return
         rec["fingerprint"] = fp
+        old_rec = old_kernels.get(cfg.name) or {}
+        if "measured" not in rec and old_rec.get("measured") and old_rec.get("fingerprint") == \
+                kernel_fingerprint(cfg, src_fp, dsl_version, old_rec.get("ptxas_version"),
+                                   isa_rewrite):
+            rec["measured"] = old_rec["measured"]  # the same PTX: its timings still hold
         results[cfg.name] = rec
         write_manifest(manifest_path, current_manifest())
         warn = warning_codes(rec.get("ptxas_diagnostics", ()))
@@ -749,7 +814,7 @@ def check_reproducible(ptxas: str | None, jobs: int, only: str | None,
     with tempfile.TemporaryDirectory(prefix="fa4aot_repro_") as tmp:
         try:
             rc = build(ptxas, Path(tmp), only, jobs, True, False, candidates=candidates,
-                       verdict=False)
+                       verdict=False, tuned_from=committed_path)
         except BuildInterrupted as e:
             raise BuildInterrupted(e.signum, "fa4_aot reproducibility check: interrupted ("
                                    f"{signal.Signals(e.signum).name}); nothing was compared") \
@@ -808,7 +873,9 @@ def _main(argv=None) -> int:
                          "candidate release and ship, per kernel, the one with no spill bytes, "
                          "then no ptxas performance warning, then the fewest LDL+STL, then the "
                          "fewest registers, then the newest ptxas (the manifest records every "
-                         "candidate and the reason)")
+                         f"candidate and the reason), or '{TUNED}': per kernel, the ptxas its "
+                         "manifest record's measured.chosen names (build_tools/tune.py; "
+                         f"{TUNED_DEFAULT} where none)")
     ap.add_argument("--best-candidates", metavar="X.Y,X.Y",
                     help=f"with --ptxas {BEST}: the releases to try (default "
                          f"${BEST_CANDIDATES_ENV}, else all of "

@@ -462,6 +462,15 @@ def _manifest_kernels(manifest_path: Path) -> tuple[Path, dict[str, dict]]:
     return manifest_path.parent, kernels
 
 
+def _timing_fields(record: dict, version: str | None) -> dict:
+    """A manifest record's measured timings (build_tools/tune.py): ``us`` of ``version``, every
+    timed version's µs and the measured choice; all None without a measurement."""
+    m = record.get("measured") or {}
+    us = m.get("us") or {}
+    return {"us": us.get(version) if version else None, "us_measured": dict(us) or None,
+            "us_chosen": m.get("chosen")}
+
+
 def _manifest_dynamic_smem(record: dict) -> int | None:
     launch = record.get("launch") or {}
     return launch.get("dynamic_smem_bytes", record.get("resources", {}).get("shared_bytes"))
@@ -532,6 +541,7 @@ def shipped_rows(manifest_path: Path, peaks: bool = False, jobs: int | None = No
         cubin = base / record.get("cubin", f"{name}.cubin")
         row = _row(name, record.get("entry"), "shipped", cubin, record.get("ptxas_version"), res,
                    record.get("ptxas_diagnostics", ()))  # fmt: skip
+        row.update(_timing_fields(record, row["ptxas_version"]))
         try:
             if not record.get("cubin"):
                 raise ReportError("the manifest record names no cubin")
@@ -544,6 +554,7 @@ def shipped_rows(manifest_path: Path, peaks: bool = False, jobs: int | None = No
         if record.get("sha256") and record["sha256"] != digest:
             row["note"] = f"the cubin's sha256 is {digest[:12]}, the manifest records {record['sha256'][:12]}"
         row["_sha256"] = digest
+        row.update(_timing_fields(record, row["ptxas_version"]))
         if row["reg_peak"] is None:
             row.update((_cached_peaks(digest) or {}).get(row["entry"], {}))
         rows.append(row)
@@ -586,7 +597,8 @@ def reassembled_manifest_rows(manifest_path: Path, versions: Sequence[str], **kw
         if name is not None:
             dyn = _manifest_dynamic_smem(kernels[name])
             out.append({**row, "kernel": name,
-                        "dynamic_smem_bytes": dyn if dyn is not None else row["dynamic_smem_bytes"]})
+                        "dynamic_smem_bytes": dyn if dyn is not None else row["dynamic_smem_bytes"],
+                        **_timing_fields(kernels[name], row["ptxas_version"])})
     return out
 
 
@@ -661,6 +673,29 @@ def _short_path(path: str, width: int) -> str:
     return _short(f"…/{tail}", width)
 
 
+def _us(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _fastest(row: dict) -> str:
+    """The measured choice against the shipped cubin: ``=`` (the shipped ptxas),
+    ``13.0 -2.1%`` (13.0 measured that much faster), ``-`` (not measured)."""
+    chosen, times = row.get("us_chosen"), row.get("us_measured") or {}
+    if not chosen or chosen not in times:
+        return "-"
+    if chosen == row.get("ptxas_version"):
+        return "="
+    release = ".".join(chosen.split(".")[:2])
+    mine = row.get("us")
+    return release if not mine else f"{release} {times[chosen] / mine - 1:+.1%}"
+
+
+TIMING_NOTE = ("µs: the kernel's median time on its representative call, measured on a GPU by "
+               "build_tools/tune.py (the shape and GPU: the manifest's measured block); fastest: the "
+               "ptxas measured fastest (ties within noise: fewest spills, then newest), its time against "
+               "the shipped cubin's, = when that is the shipped ptxas; -: not measured")
+
+
 def _is_manifest_cubin(row: dict) -> bool:
     """A shipped row whose path is the build's <manifest folder>/<arch>/<kernel>.cubin."""
     p = Path(row["path"])
@@ -689,6 +724,11 @@ def _flat_table(rows: list[dict], wide: bool = False) -> tuple[list[str], list[l
                  _fmt(r["ptxas_version"]), ",".join(r.get("ptxas_warnings") or ["-"]), _display_path(r["path"])]
             )  # fmt: skip
         marks.append(bad)
+    if any(r.get("us_measured") for r in rows):  # build_tools/tune.py timings: µs, fastest
+        at = headers.index("path")
+        headers[at:at] = ["µs", "fastest"]
+        for cells, r in zip(body, rows, strict=True):
+            cells[at:at] = [_us(r.get("us")), _fastest(r)]
     if wide:
         return headers, body, marks
     # The default view: spill bytes and LDL/STL as store/load pairs, no all-zero stack or U-loops
@@ -700,6 +740,8 @@ def _flat_table(rows: list[dict], wide: bool = False) -> tuple[list[str], list[l
             drop.add(name)
     if all(_is_manifest_cubin(r) for r in rows):
         drop.add("path")
+    if "µs" in col:  # room for the timings: dynamic shared memory is in --wide
+        drop.add("dyn smem")
     narrow_headers, narrow_body = [], [[] for _ in body]
     for h in headers:
         if h == "spill st":
@@ -751,12 +793,16 @@ def _cell(row: dict) -> str:
     spill = _sum_known(row["spill_store_bytes"], row["spill_load_bytes"])
     local_ops = _sum_known(row["ldl"], row["stl"])
     return (f"{_fmt(row['registers'])}/{_fmt(spill)}/{_fmt(local_ops)}" + (" !" if spills(row) else "")
-            + (" w" if row.get("ptxas_warnings") else ""))
+            + (" w" if row.get("ptxas_warnings") else "")
+            + (f" {row['us']:.1f}µs" + ("*" if row.get("us_chosen") == row["ptxas_version"] else "")
+               if row.get("us") is not None else ""))
 
 
 MATRIX_LEGEND = ("cell = registers / spill bytes (stores+loads) / LDL+STL count; ? = unknown; ! = spills; "
                  "w = a ptxas performance warning (the table and --format json name the code, "
                  "e.g. C7512: wgmma serialised)")
+MATRIX_TIMING_LEGEND = ("µs = the manifest's measured median time of that ptxas's cubin (build_tools/tune.py), "
+                        "* = the ptxas measured fastest (ties within noise: fewest spills, then newest)")
 
 
 def _versions(rows: list[dict]) -> list[str | None]:
@@ -890,8 +936,13 @@ def render(rows: list[dict], fmt: str, matrix: bool, colour: bool = False, wide:
     table = _matrix_table(rows) if matrix else _flat_table(rows, wide)
     text = _render(*table, fmt, colour, width=None if wide else WIDTH)
     notes = _footnotes(rows)
+    timed = any(r.get("us_measured") for r in rows)
     if matrix:
         notes.insert(0, MATRIX_LEGEND)
+        if timed:
+            notes.insert(1, MATRIX_TIMING_LEGEND)
+    elif timed:
+        notes.append(TIMING_NOTE)
     if not matrix and not wide and all(_is_manifest_cubin(r) for r in rows):
         folder = _display_path(str(Path(rows[0]["path"]).parent.parent))
         notes.append(f"cubins: {folder}/<arch>/<kernel>.cubin; --wide shows every column (stack, U-loops, paths)")

@@ -60,6 +60,15 @@ class Variant:
             Variant.defaults.setdefault(k, getattr(plan, k))
             self.consts[k] = type(Variant.defaults[k])(float(v))
 
+    @classmethod
+    def from_manifest(cls, name: str, man) -> "Variant":
+        """A variant of a manifest object already loaded (anything with ``kernels``, ``find``
+        and ``cubin_bytes``: build_tools/tune.py times candidate ptxas builds over the shipped
+        set), with the default launch rules."""
+        self = cls.__new__(cls)
+        self.name, self.man, self.modules, self.plans, self.consts = name, man, {}, {}, {}
+        return self
+
     def enter(self):
         """Point the runtime at this folder (its own kernel and plan caches; a fresh memo) and
         set this variant's launch values (the others' back to their defaults)."""
