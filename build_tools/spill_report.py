@@ -740,8 +740,10 @@ def _flat_table(rows: list[dict], wide: bool = False) -> tuple[list[str], list[l
             drop.add(name)
     if all(_is_manifest_cubin(r) for r in rows):
         drop.add("path")
-    if "µs" in col:  # room for the timings: dynamic shared memory is in --wide
-        drop.add("dyn smem")
+    if "µs" in col:  # room for the timings: dynamic shared memory (and warn, when no kernel
+        drop.add("dyn smem")  # has a ptxas warning) are in --wide
+        if all(cells[col["warn"]] == "-" for cells in body):
+            drop.add("warn")
     narrow_headers, narrow_body = [], [[] for _ in body]
     for h in headers:
         if h == "spill st":

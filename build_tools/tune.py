@@ -6,6 +6,7 @@ all on a GPU in one process, record the timings in the manifest and choose per k
                                        [--repeats 7] [--iters 10] [--only REGEX]
     python build_tools/tune.py apply [--measured build/tune/measured.json]
                                      [--manifest artifacts/manifest.json]
+    python build_tools/tune.py table [--manifest artifacts/manifest.json]   # the README's table
 
 ``prepare`` (CPU, no GPU, no DSL compile): the PTX does not depend on ptxas, so each candidate
 assembles the committed PTX (``artifacts/sm_90a/*.ptx``) exactly as ``build.py`` does
@@ -21,7 +22,9 @@ the shipped manifest and every candidate (the shipped cubins + every ``<tune-dir
 representative call that runs exactly that kernel (the planner's kernel choice is forced;
 :data:`SHAPES`), only that kernel's launch timed: CUDA events around ``--iters`` back-to-back
 launches, candidates interleaved in one process (bench.benchlib.round_order), the median of
-``--repeats``. Outputs of the candidates are compared (the same PTX: expected bitwise equal);
+``--repeats``. A combine kernel is timed alone on the partials of a split-KV decode call
+(``SHAPES["combine"]``); a decode kernel the planner splits is timed without its combine.
+Outputs of the candidates are compared (the same PTX: expected bitwise equal);
 a difference is reported and recorded. Writes JSON: the GPU, torch, and per kernel its shape,
 ``us`` = {ptxas version: median µs}, ``spread`` (the largest (p75 - p25) / median of a
 candidate), the candidates' registers and spills.
@@ -328,7 +331,7 @@ def _call(shape: dict, q, k, v, record: dict):
     if shape["trace"]:
         tiles = -(-shape["seqlen_q"] // record["launch"]["tile"]["m"]) * shape["heads"] * \
             shape["batch"]
-        trace = torch.zeros((tiles, 4), dtype=torch.int64, device="cuda")
+        trace = torch.zeros((tiles, 4), dtype=torch.int64, device=q.device)
         kw["_trace"], kw["out"] = trace, torch.empty_like(q)
     with torch.no_grad():
         out, lse = fa4_aot.attention(q, k, v, causal=shape["causal"], return_lse=True,
@@ -423,6 +426,13 @@ def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str 
               "shapes": SHAPES, "window": list(WINDOW), "softcap": SOFTCAP, "kernels": {},
               "mismatches": [], "failed": {}}
     cache, t0 = {}, time.time()
+
+    def write():  # atomically, every 20 kernels too: a run cut short keeps what it timed
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, out_path)
+
     for i, name in enumerate(names):
         rec = base.kernels[name]
         shape = shape_for(rec["config"])
@@ -471,13 +481,11 @@ def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str 
         finally:
             interface.clear_memo()
         if (i + 1) % 20 == 0 or i + 1 == len(names):
+            write()
             print(f"[{i + 1}/{len(names)}] {time.time() - t0:.0f}s  last: {name} "
                   + " ".join(f"{release_of(v)}={t:.1f}us" for v, t in
                              result["kernels"].get(name, {}).get("us", {}).items()), flush=True)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out_path)
+    write()
     print(f"wrote {out_path}: {len(result['kernels'])} kernels timed, "
           f"{len(result['failed'])} failed, {len(result['mismatches'])} with differing outputs "
           f"({time.time() - t0:.0f}s)")
@@ -518,8 +526,10 @@ def apply(measured_path: Path, manifest_path: Path) -> int:
     covered = [n for n in sm90 if len((kernels[n].get("measured") or {}).get("us", {})) >= 2]
     print(f"tune apply: {applied} kernels' timings written to {manifest_path} "
           f"({len(covered)} of {len(sm90)} {ARCH} kernels have >= 2 ptxas versions timed)")
-    for name, old, new, reason in changed:
+    for name, old, new, reason in changed[:20]:
         print(f"  {name}: shipped {old}, fastest {new} ({reason})")
+    if len(changed) > 20:
+        print(f"  ... and {len(changed) - 20} more (spill_report.py shows every kernel's)")
     if skipped:
         print(f"  not in the manifest (skipped): {', '.join(skipped[:5])}"
               + (f", +{len(skipped) - 5} more" if len(skipped) > 5 else ""))

@@ -166,7 +166,7 @@ def test_apply_writes_measured_and_the_report_shows_it(tmp_path):
     text = spill_report.render(spill_report.shipped_rows(art / "manifest.json"), "table", False)
     lines = text.splitlines()
     head = lines[0]
-    assert "µs" in head and "fastest" in head and "dyn smem" not in head
+    assert "µs" in head and "fastest" in head and "dyn smem" not in head and "warn" not in head
     assert max(len(ln) for ln in lines[:5]) <= spill_report.WIDTH
     row0 = next(ln for ln in lines if names[0] in ln)
     assert "420.0" in row0 and "13.0 -4.8%" in row0
@@ -228,3 +228,53 @@ def test_table_summarises_families_and_the_gain_over_newest(tmp_path):
     assert "| hd64 causal steal | 2 | 168 / 0 / 346.4 |" in text  # geomean of 400 and 300
     assert "168 / 0 / 300.0 *" not in text and "ptxas 13.5" in text
     assert "for 1 kernels" in text and "+4.88%" in text  # sqrt(440/400) - 1 over newest
+
+
+# --------------------------------------------------------------------------- measure's host path
+
+
+@pytest.mark.parametrize("name", [
+    "combine_sm_90a_bf16_hd128",
+    "fwd_sm_90a_bf16_hd128_causal_steal_m128n128s3_decode",
+    "fwd_sm_90a_fp16_hd64_local_steal_m64n128s3_decode",
+    "fwd_sm_90a_bf16_hd128_causal_static_m128n128s2_trace",
+    "fwd_sm_90a_fp16_hd96_local_steal_m128n128s2_softcap",
+    "fwd_sm_90a_bf16_hd64_causal_steal_m128n128s3",
+])
+def test_measure_forces_the_kernel_and_times_its_launch_alone(monkeypatch, name):
+    """tune.measure's host path on CPU tensors with the fake driver (tests/fakecuda.py): the
+    call runs the forced kernel (a combine kernel: after its decode kernel), and the timed
+    callable launches exactly that one kernel with the call's grid."""
+    torch = pytest.importorskip("torch")
+    import fakecuda
+    from fa4_aot.manifest import load_manifest
+    from tools.ab_artifacts import Variant
+    if name not in SHIPPED["kernels"]:
+        pytest.skip(f"{name} is not shipped")
+    drv = fakecuda.install(monkeypatch)
+    monkeypatch.setattr("fa4_aot.interface.load_manifest", lambda root=None: drv.manifest)
+    base = load_manifest(str(ROOT / "artifacts"))
+    var = Variant.from_manifest("shipped", tune.Overlay(None, base))
+    for attr in ("_modules", "_plans"):
+        monkeypatch.setattr(f"fa4_aot.runtime.{attr}", {})
+    shape = tune.shape_for(SHIPPED["kernels"][name]["config"])
+    small = {**shape, "batch": 2, "seqlen_q": min(shape["seqlen_q"], 256),
+             "seqlen_k": 512}
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[shape["dtype"]]
+    q = torch.randn(small["batch"], small["seqlen_q"], small["heads"], small["head_dim"], dtype=dt)
+    k = torch.randn(small["batch"], small["seqlen_k"], small["heads_k"], small["head_dim"],
+                    dtype=dt)
+    before = len(drv.launches)
+    prep = tune._prepare_launch(name, small, var, q, k, k)
+    launched = prep.launch["launches"]
+    assert name in launched and len(drv.launches) - before == len(launched)
+    if SHIPPED["kernels"][name]["config"]["kind"] == "combine":
+        assert launched[-1] == name and len(launched) == 2
+    n = len(drv.launches)
+    prep()
+    prep()
+    assert len(drv.launches) == n + 2
+    assert list(drv.launches[-1]["grid"]) == prep.launch["grid"]
+    # the planner's choice is back in place
+    from fa4_aot import plan
+    assert plan.choose_kernel.__name__ == "choose_kernel"
