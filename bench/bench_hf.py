@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _timed(fn, repeats):
@@ -55,9 +56,8 @@ def main(argv=None):
                                    num_key_value_heads=8, head_dim=128,
                                    max_position_embeddings=a.prompt + a.new + 16)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
-                                                          attn_implementation="sdpa")
-    model = model.cuda().eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    model = model.to(device="cuda", dtype=torch.bfloat16).eval()
     provs = []
     for p in [x.strip() for x in a.providers.split(",") if x.strip()]:
         try:

@@ -691,8 +691,8 @@ def _fastest(row: dict) -> str:
 
 
 TIMING_NOTE = ("µs: the kernel's median time on its representative call, measured on a GPU by "
-               "build_tools/tune.py (the shape and GPU: the manifest's measured block); fastest: the "
-               "ptxas measured fastest (ties within noise: fewest spills, then newest), its time against "
+               "build_tools/tune.py (the shape and GPU: the manifest's measured block); pick: the "
+               "ptxas tune.py picked (the fastest; ties within noise: fewest spills, then newest), its time against "
                "the shipped cubin's, = when that is the shipped ptxas; -: not measured")
 
 
@@ -724,9 +724,9 @@ def _flat_table(rows: list[dict], wide: bool = False) -> tuple[list[str], list[l
                  _fmt(r["ptxas_version"]), ",".join(r.get("ptxas_warnings") or ["-"]), _display_path(r["path"])]
             )  # fmt: skip
         marks.append(bad)
-    if any(r.get("us_measured") for r in rows):  # build_tools/tune.py timings: µs, fastest
+    if any(r.get("us_measured") for r in rows):  # build_tools/tune.py timings: µs, pick
         at = headers.index("path")
-        headers[at:at] = ["µs", "fastest"]
+        headers[at:at] = ["µs", "pick"]
         for cells, r in zip(body, rows, strict=True):
             cells[at:at] = [_us(r.get("us")), _fastest(r)]
     if wide:

@@ -5,6 +5,8 @@ and cached (generate with dynamic and static cache). The logit error of fa4_aot 
 <= 1.1 x that of transformers' own sdpa backend (bf16) + 2e-3; generated tokens are compared
 with sdpa's (the agreement rate is printed; -s to see it)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -43,15 +45,16 @@ def _models(kind, hd):
     if key not in _MODELS:
         torch.manual_seed(0)
         cfg = _config(kind, hd)
-        base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
-                                                             dtype=torch.float32)
+        base = transformers.AutoModelForCausalLM.from_config(
+            copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32)
         sd = base.state_dict()
         out = {"fp32": base.cuda().eval()}
         for impl in ("sdpa", "fa4_aot"):
-            m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl,
-                                                              dtype=torch.bfloat16)
+            # a config of its own: from_config sets the implementation on the config it is given
+            m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg),
+                                                              attn_implementation=impl)
             m.load_state_dict(sd)
-            out[impl] = m.cuda().eval()
+            out[impl] = m.to(device="cuda", dtype=torch.bfloat16).eval()
         _MODELS.clear()
         _MODELS[key] = out
     return _MODELS[key]

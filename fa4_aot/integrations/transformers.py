@@ -129,12 +129,18 @@ def window_size(sliding_window, causal: bool, key_len: int):
 _memo: dict = {}
 
 
+def _version(t):
+    """The tensor's in-place version; inference tensors have none (transformers builds a new
+    mask / position tensor each forward, so identity is the key there)."""
+    return None if t.is_inference() else t._version
+
+
 def _memo_get(kind, t, fn):
     ent = _memo.get(kind)
-    if ent is not None and ent[0]() is t and ent[1] == t._version:
+    if ent is not None and ent[0]() is t and ent[1] == _version(t):
         return ent[2]
     val = fn(t)
-    _memo[kind] = (weakref.ref(t), t._version, val)
+    _memo[kind] = (weakref.ref(t), _version(t), val)
     return val
 
 
