@@ -232,6 +232,12 @@ def test_tiny_models_cpu(tf, kind):
             kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, attention_mask=m)
             if cache == "static":
                 kw["cache_implementation"] = "static"
-            ga = ours.generate(ids, **kw)
-            gb = ref.generate(ids, **kw)
-            assert torch.equal(ga, gb), (kind, cache)
+            new = ours.generate(ids, **kw)[:, 9:]
+            # A random model's logits are close to uniform, so two correct backends may break a
+            # near-tie differently: each token ours picked must be (nearly) the reference's best
+            # next token for the same prefix.
+            full = torch.cat([ids, new], 1)
+            lo = ref(full, attention_mask=torch.cat([m, torch.ones_like(new)], 1)).logits
+            lo = lo[:, 8:-1].float()
+            chosen = lo.gather(-1, new[..., None])[..., 0]
+            assert (lo.max(-1).values - chosen).max() < 0.05, (kind, cache)
