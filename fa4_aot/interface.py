@@ -69,6 +69,9 @@ _window = validate.window
 class _ThreadState(threading.local):
     def __init__(self):
         self.memo = {}
+        # True while torch.ops.fa4_aot.fwd runs (torch.compile; under CUDA-graph trees its
+        # warm-up allocations go to the graph's pool): calls then keep no scratch buffer.
+        self.in_op = False
 
 
 _tls = _ThreadState()
@@ -126,37 +129,69 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
 
 
 def _counter(device, stream_handle):
+    """The int32[2] work-stealing counter of (device, stream): zeroed once, and each steal
+    launch leaves it at zero again (kernels/tile_sched.py); kept for the process."""
     key = (device.index, stream_handle)
     with _state_lock:
         c = _counters.get(key)
         if c is None:
-            # Zeroed once; each steal launch leaves it at zero again (see tile_sched.py).
-            c = torch.zeros(2, dtype=torch.int32, device=device)
-            _counters[key] = c
+            c = _counters[key] = _zeroed_counter(device)
         return c
+
+
+def _zeroed_counter(device):
+    """A counter made outside any CUDA-graph memory pool this thread may be allocating into:
+    torch.compile's CUDA-graph trees route a warm-up run's allocations to the graph's pool and
+    reject one that outlives the run. So it is made and zeroed in a helper thread (its own
+    allocation routing and stream) and synchronised. While this thread captures a graph (plain
+    ``torch.cuda.graph``: other threads must not launch), it comes from the capture's pool."""
+    if device.type != "cuda" or _capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    made = []
+
+    def make():
+        try:
+            with torch.cuda.device(device):
+                t = torch.zeros(2, dtype=torch.int32, device=device)
+                torch.cuda.current_stream(device).synchronize()
+            made.append(t)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            made.append(e)
+
+    th = threading.Thread(target=make, name="fa4_aot-counter")
+    th.start()
+    th.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
 
 
 class _Entry:
     """A prepared call (one memo entry of one thread): its plan, allocations and launchers.
 
     ``lse_scratch``: when the caller does not want the LSE (``return_lse=False``), the kernel
-    writes it into a buffer the entry keeps (small LSEs only, never while a CUDA graph is being
-    captured: a graph must not keep a pointer into a buffer that the memo may drop). The
-    entry's stream is part of its key, so the launches that share the buffer are ordered on
-    that stream. Split-KV partial buffers (``acc_scratch``) likewise."""
+    writes it into a buffer the entry keeps from its first eager use (small LSEs only). Never
+    while a CUDA graph is being captured (a graph must not keep a pointer into a buffer that
+    the memo may drop) nor inside the torch op (torch.compile's CUDA-graph trees reject a
+    warm-up allocation that outlives the run). The entry's stream is part of its key, so the
+    launches that share the buffer are ordered on that stream. Split-KV partial buffers
+    (``acc_scratch``) likewise."""
 
     __slots__ = ("plan", "out_shape", "lse_shape", "mode", "launchers", "varlen", "total_q",
-                 "total_k", "max_q", "max_k", "lse_scratch", "out_like_q", "acc_shapes",
-                 "acc_scratch")
+                 "total_k", "max_q", "max_k", "lse_scratch", "keep_lse", "out_like_q",
+                 "acc_shapes", "acc_scratch")
 
     def run(self, q, out, want_lse, ptrs):
         """``ptrs``: (q, k, v data pointers, cu_seqlens_q, cu_seqlens_k, trace, seqused_q,
         seqused_k, page_table) of this call."""
         if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
             out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
-        lse = self.lse_scratch
-        if want_lse or lse is None or _capturing():
+        # a graph must not keep a pointer into a buffer that the memo may drop
+        lse = None if want_lse or _capturing() else self.lse_scratch
+        if lse is None:
             lse = q.new_empty(self.lse_shape, dtype=_float32)
+            if not want_lse and self.keep_lse and not (_tls.in_op or _capturing()):
+                self.lse_scratch = lse  # kept: not from a graph's pool
         if self.mode:
             if self.mode == _planner.ZERO_FILL:
                 out.zero_()
@@ -173,9 +208,12 @@ class _Entry:
                  0 if used_k is None else used_k.data_ptr(),
                  0 if table is None else table.data_ptr())
         if self.acc_shapes:
-            acc = self.acc_scratch
-            if acc is None or _capturing():
+            capturing = _capturing()
+            acc = None if capturing else self.acc_scratch
+            if acc is None:
                 acc = [q.new_empty(shape, dtype=_float32) for shape in self.acc_shapes]
+                if not (_tls.in_op or capturing):
+                    self.acc_scratch = acc  # kept: not from a graph's pool
             addrs += (acc[0].data_ptr(), acc[1].data_ptr())
         else:
             addrs += (0, 0)
@@ -190,18 +228,14 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
     e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
     e.max_q, e.max_k = a.max_seqlen_q, a.max_seqlen_k
+    # Scratch (the LSE a caller does not want, split-KV partials) is kept by the entry from its
+    # first eager use; allocated per call while a graph is captured or inside the torch op.
     e.lse_scratch = e.acc_scratch = None
-    # Split-KV partial buffers: kept by the entry, but allocated per call while a CUDA graph is
-    # being captured (from the graph's pool).
     e.acc_shapes = p.acc_shapes
-    if p.acc_shapes and not _capturing():
-        e.acc_scratch = [q.new_empty(shape, dtype=_float32) for shape in p.acc_shapes]
     # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
     # contiguous tensor of the output's shape
     e.out_like_q = q.is_contiguous() and tuple(q.shape[-3:]) == p.out_shape[-3:]
-    if (p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
-            and not _capturing()):  # not from a graph's private pool
-        e.lse_scratch = q.new_empty(p.lse_shape, dtype=_float32)
+    e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
     views = {name: TensorView(view[0], view[1], c.elem_bytes, t.data_ptr(), name)
              for name, view, t in (("q", c.q, q), ("k", c.k, a.k), ("v", c.v, a.v))}
     launchers, launches = [], []
@@ -357,7 +391,11 @@ def forward(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap=0
     elif cu_k is None:
         max_k = None
     window = _NO_WINDOW if left < 0 and right < 0 else (left, right)
-    return attention(q, k, v, causal, softmax_scale, True, scheduler, window_size=window,
-                     softcap=softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
-                     max_seqlen_k=max_k, seqused_q=used_q, seqused_k=used_k, page_table=table,
-                     num_splits=splits or None)
+    _tls.in_op = True
+    try:
+        return attention(q, k, v, causal, softmax_scale, True, scheduler, window_size=window,
+                         softcap=softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                         max_seqlen_q=max_q, max_seqlen_k=max_k, seqused_q=used_q,
+                         seqused_k=used_k, page_table=table, num_splits=splits or None)
+    finally:
+        _tls.in_op = False
