@@ -761,3 +761,21 @@ def test_torch_compile_traces_the_op_with_packed_arguments(monkeypatch):
     windows = sorted((p.call.local, p.call.window_left, p.call.varlen)
                      for p in interface.memo_plans())
     assert windows == [(False, -1, True), (True, 16, False)]
+
+
+def test_scratch_is_kept_from_eager_calls_only(monkeypatch):
+    """return_lse=False: an eager call keeps its LSE buffer for the next one; the torch op
+    (torch.compile's path) keeps none, so a CUDA-graph-trees warm-up leaves nothing behind in
+    the graph's pool."""
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    q, k, v = _dense()
+    with torch.no_grad():
+        out, lse = interface.forward(q, k, v, [None] * 5, [0, 0, -1, -1, 0], True, None, "auto")
+        (e,) = interface.prepared_calls()
+        assert lse.shape == (2, 4, 100) and e.lse_scratch is None
+        fa4_aot.attention(q, k, v, causal=True)
+        assert interface.prepared_calls() == (e,) and e.lse_scratch is not None
+        kept = e.lse_scratch
+        fa4_aot.attention(q, k, v, causal=True)
+        assert e.lse_scratch is kept
