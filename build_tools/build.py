@@ -52,17 +52,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -72,7 +69,13 @@ sys.path.insert(0, str(ROOT))
 from build_tools import toolchain as tcm  # noqa: E402
 from build_tools.inspect_cubin import (  # noqa: E402
     inspect_cubin, parse_ptx_entries, register_budget_problem, verify_ptxas)
+from build_tools.progress import (  # noqa: E402,F401  (re-exported: tests, tune.py)
+    SECONDS_PER_CONFIG_CORE, _display_path, _progress, build_verdict, estimate_seconds, eta_seconds,
+    format_duration, progress_line, reproducibility_verdict)
 from build_tools.spill_report import pick_best, warning_codes  # noqa: E402
+from build_tools.workers import (  # noqa: E402,F401  (re-exported: tune.py, tests)
+    _WORKER_BOOT, KILL_WORKER_ENV, BuildInterrupted, _Interrupted, _signals_interrupt, _worker_main,
+    _worker_target, _WorkerPool)
 from fa4_aot import abi  # noqa: E402
 from fa4_aot.configs import CONFIG_SPACE, KernelConfig  # noqa: E402
 
@@ -188,51 +191,6 @@ def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool
     return _record(cfg, tc, info, compiled, ptx_text)
 
 
-# --------------------------------------------------------------------------- workers, interrupts
-
-
-class _Interrupted(BaseException):
-    """SIGINT / SIGTERM during the build loop (a BaseException: no ``except Exception``
-    swallows it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-class BuildInterrupted(Exception):
-    """The build stopped on SIGINT / SIGTERM; ``message`` is the one line for the user and
-    ``exit_code`` 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.signum, self.message, self.exit_code = signum, message, 128 + signum
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGINT and SIGTERM raise _Interrupted in the main thread (once: a second signal during
-    the cleanup is ignored); the previous handlers come back on exit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.getsignal(s) for s in sigs}
-
-    def handler(signum, frame):
-        for s in sigs:
-            signal.signal(s, signal.SIG_IGN)
-        raise _Interrupted(signum)
-
-    for s in sigs:
-        signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def write_manifest(path: Path, manifest: dict) -> None:
     """Write the manifest atomically (temp file + rename): a reader, or a build interrupted
     at any moment, sees the previous complete manifest or the new one."""
@@ -244,130 +202,6 @@ def write_manifest(path: Path, manifest: dict) -> None:
         if tmp.exists():
             tmp.unlink()
 
-
-# The worker process: `python -c WORKER_BOOT ROOT TARGET CFG_JSON PTX RESULT`.
-_WORKER_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); " \
-    "from build_tools.build import _worker_main; sys.exit(_worker_main(sys.argv[2:]))"
-# Tests: a compile worker whose configuration name matches this regex kills itself (SIGKILL),
-# as an out-of-memory kill would.
-KILL_WORKER_ENV = "FA4_AOT_TEST_KILL_WORKER"
-
-
-def _worker_target() -> str:
-    """How a worker finds ``_compile_worker`` (tools/variants.py replaces it): ``module:name``,
-    or ``path:FILE:name`` for a function of a script run as __main__."""
-    fn = _compile_worker
-    module = fn.__module__
-    if module in ("__main__", "__mp_main__"):
-        return f"path:{Path(sys.modules[module].__file__).resolve()}:{fn.__qualname__}"
-    return f"{module}:{fn.__qualname__}"
-
-
-def _worker_main(argv: list[str]) -> int:
-    """One configuration's DSL compile in a fresh process (the DSL names entries with a
-    per-process counter); the result (or the error) goes to a JSON file."""
-    target, cfg_json, ptx_path, result_path = argv
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the build process ends its workers
-    cfg_dict = json.loads(cfg_json)
-    pattern = os.environ.get(KILL_WORKER_ENV)
-    if pattern and re.search(pattern, KernelConfig.from_dict(cfg_dict).name):
-        os.kill(os.getpid(), signal.SIGKILL)
-    import importlib
-    import importlib.util
-    if target.startswith("path:"):
-        _, file, name = target.split(":", 2)
-        spec = importlib.util.spec_from_file_location("_fa4aot_build_worker_target", file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        modname, name = target.split(":", 1)
-        module = importlib.import_module(modname)
-    try:
-        result, rc = {"ok": getattr(module, name)(cfg_dict, ptx_path)}, 0
-    except Exception as e:  # reported by the build, named with the configuration
-        import traceback
-        traceback.print_exc()
-        result, rc = {"error": f"{type(e).__name__}: {e}"}, 1
-    tmp = f"{result_path}.tmp"
-    Path(tmp).write_text(json.dumps(result))
-    os.replace(tmp, result_path)
-    return rc
-
-
-class _WorkerPool:
-    """Up to ``jobs`` compile workers, one fresh process per configuration, each in its own
-    session (a terminal's Ctrl-C reaches the build process alone, which ends them: kill())."""
-
-    POLL_S = 0.1
-
-    def __init__(self, jobs: int):
-        self.jobs = max(1, jobs)
-        self.tmp = Path(tempfile.mkdtemp(prefix="fa4aot_build_"))
-        self.running: dict[subprocess.Popen, tuple] = {}
-
-    def _start(self, task, n: int):
-        cfg, fp, ptx = task
-        result = self.tmp / f"{n}.json"
-        log = tempfile.TemporaryFile(dir=self.tmp)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_BOOT, str(ROOT), _worker_target(),
-             json.dumps(cfg.to_dict()), ptx, str(result)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            start_new_session=True)
-        self.running[proc] = (task, result, log)
-
-    def run(self, tasks, on_done, on_fail):
-        """Compile every task ``(cfg, fingerprint, ptx_path)``; call ``on_done(cfg, fp,
-        compiled)`` or ``on_fail(cfg, why)`` in this thread as each worker ends."""
-        queue = list(tasks)
-        queue.reverse()
-        n = 0
-        while queue or self.running:
-            while queue and len(self.running) < self.jobs:
-                self._start(queue.pop(), n)
-                n += 1
-            ended = [p for p in self.running if p.poll() is not None]
-            if not ended:
-                time.sleep(self.POLL_S)
-                continue
-            outcomes = [(p, self.running.pop(p)) for p in ended]
-            while queue and len(self.running) < self.jobs:  # refill before the ptxas work
-                self._start(queue.pop(), n)
-                n += 1
-            for proc, ((cfg, fp, _), result, log) in outcomes:
-                try:
-                    data = json.loads(result.read_text()) if result.exists() else {}
-                finally:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
-                    log.close()
-                    result.unlink(missing_ok=True)
-                if proc.returncode == 0 and "ok" in data:
-                    on_done(cfg, fp, data["ok"])
-                elif "error" in data:
-                    on_fail(cfg, data["error"])
-                elif proc.returncode < 0:
-                    on_fail(cfg, f"the compile worker died of {signal.Signals(-proc.returncode).name}"
-                            + (f" ({' | '.join(tail)})" if tail else ""))
-                else:
-                    on_fail(cfg, f"the compile worker exited with status {proc.returncode}"
-                            + (f": {' | '.join(tail)}" if tail else ""))
-
-    def kill(self):
-        """End every running worker (and anything it started) at once."""
-        for proc in self.running:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
-        for proc, (_, _, log) in list(self.running.items()):
-            proc.wait()
-            log.close()
-        self.running.clear()
-
-    def close(self):
-        self.kill()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- --ptxas best
@@ -459,92 +293,6 @@ def tuned_choices(kernels: dict) -> dict[str, tuple[str, str, dict]]:
             out[name] = (chosen, f"measured: {m.get('reason', 'fastest')}", m)
     return out
 
-
-# --------------------------------------------------------------------------- progress, verdict
-
-# A full rebuild of the 253 configurations with 2 jobs on a 2-core machine takes the Makefile's
-# FULL_REBUILD_MINUTES, i.e. ~6.2 s of one core per configuration (DSL compile + ptxas +
-# inspection; 786 s for all 253 with 2 jobs). Only the first estimate uses it; the ETA then
-# follows the measured rate.
-SECONDS_PER_CONFIG_CORE = 6.2
-
-
-def format_duration(seconds: float) -> str:
-    """``7 -> "7s"``, ``185 -> "3m05s"``, ``3725 -> "1h02m"``."""
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def eta_seconds(done: int, total: int, elapsed: float) -> float | None:
-    """Remaining time at the rate so far (None before the first configuration finishes)."""
-    if done <= 0 or total <= 0:
-        return None
-    return elapsed / done * max(total - done, 0)
-
-
-def estimate_seconds(n_configs: int, jobs: int) -> float:
-    """A first guess for ``n_configs`` configurations over ``jobs`` processes."""
-    if n_configs <= 0:
-        return 0.0
-    return SECONDS_PER_CONFIG_CORE * n_configs / max(1, min(jobs, n_configs))
-
-
-def progress_line(done: int, total: int, name: str, status: str, elapsed: float) -> str:
-    width = 24
-    fill = int(width * done / max(total, 1))
-    eta = eta_seconds(done, total, elapsed)
-    when = format_duration(elapsed) + (
-        "" if done >= total or eta is None else f", ETA {format_duration(eta)}")
-    return f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {status:<6} {name}  ({when})"
-
-
-def _progress(done: int, total: int, name: str, status: str, t0: float):
-    print(progress_line(done, total, name, status, time.time() - t0), flush=True)
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return Path(path).resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def build_verdict(manifest: dict, manifest_path: Path, failures=()) -> str:
-    """The build's last line: ``169 kernels: 0 spill, 0 ptxas warnings, manifest
-    artifacts/manifest.json``. A kernel spills when ptxas -v reports spill bytes or its SASS
-    has LDL/STL; a ptxas warning is a coded diagnostic (C7512 & co.)."""
-    kernels = manifest.get("kernels", {})
-
-    def spills(rec):
-        res = rec.get("resources", {})
-        return any(res.get(k) for k in ("spill_store_bytes", "spill_load_bytes", "ldl", "stl"))
-
-    def named(names):
-        names = sorted(names)
-        if not names:
-            return ""
-        return " (" + ", ".join(names[:3]) + (f", +{len(names) - 3} more" if len(names) > 3
-                                              else "") + ")"
-
-    spilling = [n for n, r in kernels.items() if spills(r)]
-    warned = [n for n, r in kernels.items() if warning_codes(r.get("ptxas_diagnostics", ()))]
-    line = (f"{len(kernels)} kernel{'s' if len(kernels) != 1 else ''}: "
-            f"{len(spilling)} spill{named(spilling)}, "
-            f"{len(warned)} ptxas warning{'s' if len(warned) != 1 else ''}{named(warned)}, "
-            f"manifest {_display_path(manifest_path)}")
-    b = manifest.get("build", {})
-    if b.get("ptx_isa_rewritten"):
-        line += (f"; PTX ISA rewritten to {b.get('ptx_isa_accepted')} for ptxas "
-                 f"{b.get('ptxas_release')} (ALLOW_ISA_REWRITE)")
-    failures = sorted(failures)
-    if failures:
-        line = (f"FAILED: {len(failures)} configuration{'s' if len(failures) > 1 else ''} did "
-                f"not build{named(failures)}; " + line)
-    return line
 
 
 def ptxas_argument_error(value: str | None, allow_isa_rewrite: bool = False) -> str | None:
@@ -728,7 +476,7 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
 
     # --ptxas best: the candidate assemblies of a configuration run in these threads.
     asm_pool = cf.ThreadPoolExecutor(max_workers=max(jobs, 1)) if best else None
-    workers = _WorkerPool(jobs)
+    workers = _WorkerPool(jobs, _compile_worker)
     with _signals_interrupt():  # a second signal during the cleanup below is ignored
         try:
             if todo:  # the manifest on disk names this build's toolchain from the start
@@ -774,26 +522,6 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
     return rc
 
 
-def reproducibility_verdict(identical: int, different, failed, manifest_path: Path,
-                            build_record: dict) -> str:
-    """The last line of ``make reproducible``."""
-    different, failed = sorted(different), sorted(failed)
-    total = identical + len(different) + len(failed)
-    where = _display_path(manifest_path)
-    if not different and not failed and total:
-        return (f"reproducible: {identical} of {total} cubins identical to {where} (sha256; "
-                f"ptxas {build_record.get('ptxas_version')}, nvidia-cutlass-dsl "
-                f"{build_record.get('cutlass_dsl_version')})")
-    parts = []
-    if different:
-        parts.append(f"{len(different)} differ (" + ", ".join(different[:3])
-                     + (f", +{len(different) - 3} more" if len(different) > 3 else "") + ")")
-    if failed:
-        parts.append(f"{len(failed)} did not build (" + ", ".join(failed[:3])
-                     + (f", +{len(failed) - 3} more" if len(failed) > 3 else "") + ")")
-    if not total:
-        parts.append("nothing was checked")
-    return f"NOT reproducible: of {total} kernels, " + "; ".join(parts) + f" against {where}"
 
 
 def check_reproducible(ptxas: str | None, jobs: int, only: str | None,
