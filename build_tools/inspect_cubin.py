@@ -256,7 +256,7 @@ def count_lane_loops(sass_text: str) -> dict[str, int]:
     uniform (e.g. a TMA descriptor address it kept in vector registers): the instruction then
     runs once per distinct value among the lanes, with a dozen instructions of overhead per
     issue. In an experiment build of the sm_90a 128-row decode kernels this made paged calls
-    12-46 % slower (docs/perf-notes.md v13)."""
+    12-46 % slower (docs/perf-notes.md, decode and paged KV)."""
     counts: dict[str, int] = {}
     for function, op, line in _sass_ops(sass_text):
         counts[function] = counts.get(function, 0) + (op == "BRA" and "BRA.U.ANY" in line)
