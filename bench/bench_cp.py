@@ -157,19 +157,12 @@ def _ref_attention(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -
 def time_calls(fn, iters, dev):
     import time
 
-    import torch
     if dev.type != "cuda":
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
         return (time.perf_counter() - t0) * 1e3 / iters
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / iters
+    return bl.event_time(fn, iters)
 
 
 def main(argv=None):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.benchlib import samples, timed_rounds  # noqa: E402
+from bench.benchlib import event_time, samples, timed_rounds  # noqa: E402
 
 CASES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (b, sq, sk, 32, hk)
@@ -98,14 +98,7 @@ def _cudnn(q, k, v):
 
 
 def time_calls(fn, iters):
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return event_time(fn, iters)
 
 
 PAGED_CASES = [  # (label, batch, seqlen_q (per sequence), cached keys, heads, kv_heads, page)

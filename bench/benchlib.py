@@ -34,6 +34,20 @@ TIMING = ("median over repeats of (CUDA events around N back-to-back calls) / N,
           "samples: [ms, provider that ran just before] of each repeat")
 
 
+def event_time(fn, iters: int) -> float:
+    """Milliseconds per call of ``fn()``: CUDA events around ``iters`` back-to-back calls on the
+    current stream, divided by ``iters`` (host launch cost hides behind the GPU unless it is
+    longer than the kernel). torch is imported here, not by this module."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def round_order(providers, r):
     """The order in which round ``r`` of a benchmark times its providers: row ``r`` (cyclically)
     of a Williams design (:func:`_williams_rows`). Over one cycle (2n rows for n providers, n

@@ -390,22 +390,11 @@ def _prepare_launch(name: str, shape: dict, variant, q, k, v) -> _Prepared:
     return _Prepared(launcher, captured[0], (kept, trace, entry), out, launch)
 
 
-def _time(prep: _Prepared, iters: int) -> float:
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        prep()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000.0 / iters
-
-
 def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str | None,
             shipped_root: Path = SHIPPED) -> int:
     import torch
 
-    from bench.benchlib import round_order
+    from bench.benchlib import event_time, round_order
     from fa4_aot import interface
     from fa4_aot.manifest import load_manifest
     from tools.ab_artifacts import Variant
@@ -461,7 +450,7 @@ def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str 
             times = {ver: [] for ver in preps}
             for r in range(repeats):
                 for ver in round_order(list(preps), r):
-                    times[ver].append(_time(preps[ver], iters))
+                    times[ver].append(event_time(preps[ver], iters) * 1000.0)  # µs
             us = {ver: statistics.median(ts) for ver, ts in times.items()}
             spread = 0.0
             for ver, ts in times.items():
