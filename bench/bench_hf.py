@@ -2,12 +2,16 @@
 Llama-shaped model (8 layers, hd128, 32/8 heads, bf16) with attn_implementation = sdpa,
 flash_attention_4 (FA4, when importable) and fa4_aot, in one process.
 
-    python bench/bench_hf.py [--batches 1,16] [--prompt 2048] [--new 128] [--json docs/bench_h200.json]
+    python bench/bench_hf.py [--batches 1,16] [--caches dynamic,static] [--prompt 2048]
+                             [--new 128] [--json docs/bench_h200.json]
 
-Prefill: median of ``--repeats`` timed forwards of (batch, prompt) tokens (CUDA events).
-Decode: generate(``--new`` tokens, greedy, dynamic cache, ``min_new_tokens`` = ``--new``) minus
-one prefill, as tokens/s = batch * (new - 1) / time. ``--json`` merges the group ``hf``
-(other groups kept; bench_decode.merge_json).
+Prefill: a forward of (batch, prompt) tokens without a cache (median of 3 per round). Decode: ``generate`` of ``--new``
+tokens minus ``generate`` of one token (the same prefill and setup), greedy, ``min_new_tokens``
+= ``--new``: tokens/s = batch * (new - 1) / difference. ``static`` is transformers' static cache
+(``cache_implementation="static"``) without its automatic torch.compile, so that every backend
+runs eagerly. Each time is the median of ``--repeats`` rounds; within a round the providers
+run one after another, in alternating order. ``--json`` merges the group ``hf`` (other groups
+kept; bench_decode.merge_json).
 """
 
 from __future__ import annotations
@@ -16,33 +20,46 @@ import argparse
 import datetime
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _timed(fn, repeats):
+def _seconds(fn):
     import torch
-    ts = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def _round(model, ids, gen, new, warm_up, t, tokens, p, prompt):
+    """One provider's share of a round: prefill, generate 1 token, generate ``new`` tokens."""
+    import torch
+    with torch.inference_mode():
+        if warm_up:  # loads kernels, prepares the launches
+            model.generate(ids[:, :256], max_new_tokens=4, min_new_tokens=4, **gen)
+        t["pre"].append(statistics.median(_seconds(lambda: model(ids, use_cache=False))
+                                          for _ in range(3)))
+        t["one"].append(_seconds(lambda: model.generate(ids, max_new_tokens=1, **gen)))
+        out = {}
+        t["all"].append(_seconds(lambda: out.__setitem__("t", model.generate(
+            ids, max_new_tokens=new, min_new_tokens=new, **gen))))
+    tokens[p] = out["t"][:, prompt:]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--providers", default="sdpa,flash_attention_4,fa4_aot")
     ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--caches", default="dynamic,static")
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
 
@@ -69,37 +86,44 @@ def main(argv=None):
     for b in [int(x) for x in a.batches.split(",")]:
         g = torch.Generator().manual_seed(b)
         ids = torch.randint(1, cfg.vocab_size, (b, a.prompt), generator=g).cuda()
-        res = {}
-        tokens = {}
-        for _round in range(2):  # two rounds, alternating order; the last one counts
-            order = provs if _round % 2 == 0 else provs[::-1]
-            for p in order:
-                model.set_attn_implementation(p)
-                with torch.inference_mode():
-                    model(ids[:, :128])  # warm-up (loads kernels)
-                    t_pre = _timed(lambda: model(ids, use_cache=False), a.repeats)
-                    kw = dict(max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False,
-                              pad_token_id=0)
-                    model.generate(ids[:, :256], **dict(kw, max_new_tokens=8, min_new_tokens=8))
-                    out = {}
-                    t_gen = _timed(lambda: out.__setitem__("t", model.generate(ids, **kw)),
-                                   max(1, a.repeats // 2))
-                tokens[p] = out["t"][:, a.prompt:]
-                t_dec = max(t_gen - t_pre, 1e-9)
-                res[p] = {"prefill_tok_s": b * a.prompt / t_pre,
-                          "decode_tok_s": b * (a.new - 1) / t_dec,
-                          "prefill_ms": 1e3 * t_pre, "generate_ms": 1e3 * t_gen}
-                torch.cuda.empty_cache()
-        ref = tokens.get("sdpa")
-        for p in res:
-            if ref is not None:
-                res[p]["tokens_as_sdpa"] = (tokens[p] == ref).float().mean().item()
-        rows.append({"group": "hf", "label": f"llama {a.layers}L hd128 32/8 b{b} "
-                                             f"prompt {a.prompt} +{a.new}",
-                     "case": {"batch": b, "prompt": a.prompt, "new_tokens": a.new,
-                              "layers": a.layers, "heads": 32, "kv_heads": 8, "head_dim": 128,
-                              "dtype": "bf16", "cache": "dynamic"},
-                     "providers": res})
+        for cache in [x.strip() for x in a.caches.split(",") if x.strip()]:
+            gen = dict(do_sample=False, pad_token_id=0)
+            if cache == "static":
+                gen.update(cache_implementation="static", disable_compile=True)
+            times = {p: {"pre": [], "one": [], "all": []} for p in provs}
+            tokens, failed = {}, set()
+            for rnd in range(a.repeats):
+                for p in (provs if rnd % 2 == 0 else provs[::-1]):
+                    if p in failed:
+                        continue
+                    model.set_attn_implementation(p)
+                    t = times[p]
+                    try:
+                        _round(model, ids, gen, a.new, rnd == 0, t, tokens, p, a.prompt)
+                    except Exception as e:  # noqa: BLE001 - a backend without this cache mode
+                        print(f"{p} {cache} b{b}: {type(e).__name__}: {e}"[:300])
+                        failed.add(p)
+                    torch.cuda.empty_cache()
+            res = {}
+            for p, t in times.items():
+                if p in failed:
+                    continue
+                pre, one, full = (statistics.median(t[x]) for x in ("pre", "one", "all"))
+                res[p] = {"prefill_tok_s": b * a.prompt / pre,
+                          "decode_tok_s": b * (a.new - 1) / max(full - one, 1e-9),
+                          "prefill_ms": 1e3 * pre, "generate_1_ms": 1e3 * one,
+                          "generate_ms": 1e3 * full}
+            ref = tokens.get("sdpa")
+            for p in res:
+                if ref is not None:
+                    res[p]["tokens_as_sdpa"] = (tokens[p] == ref).float().mean().item()
+            rows.append({"group": "hf", "label": f"llama {a.layers}L hd128 32/8 b{b} "
+                                                 f"prompt {a.prompt} +{a.new} {cache}",
+                         "case": {"batch": b, "prompt": a.prompt, "new_tokens": a.new,
+                                  "layers": a.layers, "heads": 32, "kv_heads": 8,
+                                  "head_dim": 128, "dtype": "bf16", "cache": cache},
+                         "providers": res})
+            _print_row(rows[-1], provs)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "transformers": transformers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -113,14 +137,16 @@ def main(argv=None):
     if a.json:
         from bench_decode import merge_json
         merge_json(a.json, "hf", rows, provs, meta)
-    print()
-    head = f"{'case':<36}" + "".join(f"{p + ' pre':>22}{p + ' dec':>22}" for p in provs)
-    print("tokens/s (prefill, decode)")
-    print(head)
+    print("\ntokens/s (prefill, decode)")
     for r in rows:
-        print(f"{r['label']:<36}" + "".join(
-            f"{r['providers'][p]['prefill_tok_s']:>22.0f}{r['providers'][p]['decode_tok_s']:>22.1f}"
-            for p in provs if p in r["providers"]))
+        _print_row(r, provs)
+
+
+def _print_row(r, provs):
+    cells = "".join(f"  {p}: {r['providers'][p]['prefill_tok_s']:>8.0f} "
+                    f"{r['providers'][p]['decode_tok_s']:>8.1f}"
+                    for p in provs if p in r["providers"])
+    print(f"{r['label']:<44}{cells}", flush=True)
 
 
 if __name__ == "__main__":

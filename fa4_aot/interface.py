@@ -48,7 +48,7 @@ _NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast p
 CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
 _check_varlen_always = os.environ.get(CHECK_VARLEN_ENV, "").strip() not in ("", "0")
 MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
-LSE_SCRATCH_BYTES = 64 * 1024  # largest LSE an entry keeps for calls that do not return it
+LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch pool
 
 # The per-call addresses, in the order _Entry.run hands them to the launchers.
 SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace", "seqused_q",
@@ -69,6 +69,7 @@ _window = validate.window
 class _ThreadState(threading.local):
     def __init__(self):
         self.memo = {}
+        self.pools = {}  # (device index, stream handle) -> fp32 scratch buffer (_Entry._carve)
         # True while torch.ops.fa4_aot.fwd runs (torch.compile; under CUDA-graph trees its
         # warm-up allocations go to the graph's pool): calls then keep no scratch buffer.
         self.in_op = False
@@ -78,8 +79,10 @@ _tls = _ThreadState()
 
 
 def clear_memo():
-    """Forget this thread's prepared calls (tests; the memo is bounded by MEMO_SIZE anyway)."""
+    """Forget this thread's prepared calls and its scratch pools (tests; the memo is bounded by
+    MEMO_SIZE anyway)."""
     _tls.memo.clear()
+    _tls.pools.clear()
 
 
 def prepared_calls() -> tuple:
@@ -169,34 +172,64 @@ def _zeroed_counter(device):
 class _Entry:
     """A prepared call (one memo entry of one thread): its plan, allocations and launchers.
 
-    ``lse_scratch``: when the caller does not want the LSE (``return_lse=False``), the kernel
-    writes it into a buffer the entry keeps from its first eager use (small LSEs only). Never
-    while a CUDA graph is being captured (a graph must not keep a pointer into a buffer that
-    the memo may drop) nor inside the torch op (torch.compile's CUDA-graph trees reject a
-    warm-up allocation that outlives the run). The entry's stream is part of its key, so the
-    launches that share the buffer are ordered on that stream. Split-KV partial buffers
-    (``acc_scratch``) likewise."""
+    Scratch (the LSE when the caller does not want it, small ones only; the split-KV partials)
+    is carved from the thread's scratch pool of the entry's (device, stream), shared by every
+    entry of that stream: their launches are ordered on it, and an entry that is never called
+    again holds no memory. Never while a CUDA graph is captured (a graph must not keep a
+    pointer into a buffer the pool may replace) nor inside the torch op (torch.compile's
+    CUDA-graph trees reject a warm-up allocation that outlives the run): then per call."""
 
     __slots__ = ("plan", "out_shape", "lse_shape", "mode", "launchers", "varlen", "total_q",
-                 "total_k", "max_q", "max_k", "lse_scratch", "keep_lse", "out_like_q",
-                 "acc_shapes", "acc_scratch")
+                 "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
+                 "scratch_shapes", "pool_key", "pool", "pooled")
+
+    def _scratch(self, q, want_lse):
+        """(lse or None, [oacc, lseacc] or None) of this call."""
+        if _tls.in_op or _capturing():
+            pooled = None
+        else:
+            buf = _tls.pools.get(self.pool_key)
+            pooled = self.pooled
+            if pooled is None or buf is None or buf is not self.pool:
+                buf, pooled = self._carve(q, buf)
+        lse = None
+        if not want_lse and self.keep_lse and pooled is not None:
+            lse = pooled[0]
+        if lse is None:
+            lse = q.new_empty(self.lse_shape, dtype=_float32)
+        if not self.acc_shapes:
+            return lse, None
+        if pooled is not None:
+            return lse, pooled[1:]
+        return lse, [q.new_empty(shape, dtype=_float32) for shape in self.acc_shapes]
+
+    def _carve(self, q, buf):
+        """Views of this entry's scratch in the pool, growing the pool to a power of two
+        elements if it is too small (an entry keeps the pool it carved from until its next
+        call, so the pools left behind total less than the current one)."""
+        sizes = [math.prod(s) for s in self.scratch_shapes]
+        if buf is None or buf.numel() < sum(sizes):
+            buf = q.new_empty(1 << max(sum(sizes) - 1, 0).bit_length(), dtype=_float32)
+            _tls.pools[self.pool_key] = buf
+        views, at = [], 0
+        for shape, n in zip(self.scratch_shapes, sizes):
+            views.append(buf[at:at + n].view(shape))
+            at += n
+        self.pool, self.pooled = buf, views
+        return buf, views
 
     def run(self, q, out, want_lse, ptrs):
         """``ptrs``: (q, k, v data pointers, cu_seqlens_q, cu_seqlens_k, trace, seqused_q,
         seqused_k, page_table) of this call."""
         if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
             out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
-        # a graph must not keep a pointer into a buffer that the memo may drop
-        lse = None if want_lse or _capturing() else self.lse_scratch
-        if lse is None:
-            lse = q.new_empty(self.lse_shape, dtype=_float32)
-            if not want_lse and self.keep_lse and not (_tls.in_op or _capturing()):
-                self.lse_scratch = lse  # kept: not from a graph's pool
         if self.mode:
+            lse = q.new_empty(self.lse_shape, dtype=_float32)
             if self.mode == _planner.ZERO_FILL:
                 out.zero_()
                 lse.fill_(-math.inf)
             return out, lse
+        lse, acc = self._scratch(q, want_lse)
         qp, kp, vp, cu_q, cu_k, trace, used_q, used_k, table = ptrs
         if (self.varlen and _check_varlen_always and not _capturing()
                 and cu_k is not None):
@@ -206,17 +239,9 @@ class _Entry:
                  0 if trace is None else trace.data_ptr(),
                  0 if used_q is None else used_q.data_ptr(),
                  0 if used_k is None else used_k.data_ptr(),
-                 0 if table is None else table.data_ptr())
-        if self.acc_shapes:
-            capturing = _capturing()
-            acc = None if capturing else self.acc_scratch
-            if acc is None:
-                acc = [q.new_empty(shape, dtype=_float32) for shape in self.acc_shapes]
-                if not (_tls.in_op or capturing):
-                    self.acc_scratch = acc  # kept: not from a graph's pool
-            addrs += (acc[0].data_ptr(), acc[1].data_ptr())
-        else:
-            addrs += (0, 0)
+                 0 if table is None else table.data_ptr(),
+                 0 if acc is None else acc[0].data_ptr(),
+                 0 if acc is None else acc[1].data_ptr())
         for launcher in self.launchers:
             launcher(addrs)
         return out, lse
@@ -228,14 +253,13 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
     e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
     e.max_q, e.max_k = a.max_seqlen_q, a.max_seqlen_k
-    # Scratch (the LSE a caller does not want, split-KV partials) is kept by the entry from its
-    # first eager use; allocated per call while a graph is captured or inside the torch op.
-    e.lse_scratch = e.acc_scratch = None
     e.acc_shapes = p.acc_shapes
     # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
     # contiguous tensor of the output's shape
     e.out_like_q = q.is_contiguous() and tuple(q.shape[-3:]) == p.out_shape[-3:]
     e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
+    e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
+    e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
     views = {name: TensorView(view[0], view[1], c.elem_bytes, t.data_ptr(), name)
              for name, view, t in (("q", c.q, q), ("k", c.k, a.k), ("v", c.v, a.v))}
     launchers, launches = [], []

@@ -50,6 +50,7 @@ class Manifest:
         self._by_key = {KernelConfig.from_dict(r["config"]).key: name
                         for name, r in self.kernels.items()}
         self._verified: dict[str, bytes] = {}
+        self._found: dict[tuple, str] = {}  # find()'s arguments -> name (a planner miss is hot)
         self._lock = threading.Lock()
 
     def find(self, arch: str, dtype: str, head_dim: int, causal: bool, scheduler: str,
@@ -57,12 +58,19 @@ class Manifest:
              **config) -> tuple[str, dict]:
         """The kernel of a configuration: (name, manifest record). ``config``: further
         :class:`KernelConfig` fields (left out: their defaults)."""
+        args = (arch, dtype, head_dim, causal, scheduler, trace, local, softcap,
+                tuple(sorted(config.items())))
+        name = self._found.get(args)
+        if name is not None:
+            return name, self.kernels[name]
         try:
             key = KernelConfig(arch, dtype, head_dim, causal, scheduler, trace=trace,
                                local=local, softcap=softcap, **config).key
         except ValueError:  # not a configuration at all: report what was built
             key = None
         name = self._by_key.get(key)
+        if name is not None:
+            self._found[args] = name
         if name is None:
             avail = sorted({(c["arch"], c["dtype"], c["head_dim"])
                             for c in (r["config"] for r in self.kernels.values())})

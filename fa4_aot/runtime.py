@@ -13,12 +13,12 @@ Generic over the manifest's launch record (``fa4_aot/abi.py``). Two layers:
   and calls ``cuLaunchKernelEx`` on the caller's stream. The driver copies the parameters when
   ``cuLaunchKernelEx`` is called, so the next call may overwrite the buffer.
 
-TMA descriptors (``CUtensorMap``, 128 opaque bytes) are encoded once per (shape, strides,
-settings) with ``cuTensorMapEncodeTiled``; only their global-address field changes per call. The
-position of that field is not assumed: :func:`tensormap_template` encodes the same descriptor at
-two addresses and accepts the layout only if the two images differ exactly in one 8-byte
+TMA descriptors (``CUtensorMap``, 128 opaque bytes) are encoded once per prepared call with
+``cuTensorMapEncodeTiled``; only their global-address field changes per call. The position of
+that field is not assumed: :func:`tensormap_template` encodes a descriptor of each layout at two
+addresses and accepts the layout only if the two images differ exactly in one 8-byte
 little-endian field that holds the address (:func:`address_field`). Otherwise the descriptor is
-re-encoded per address (:func:`tensormap_image`, LRU-cached), as before.
+re-encoded per address (:func:`tensormap_image`, LRU-cached).
 
 Nothing here knows what the kernel computes. Imports ``cuda.bindings`` lazily, on the first
 launch, so ``import fa4_aot`` stays cheap and works on machines without CUDA.
@@ -30,6 +30,7 @@ import ctypes
 import struct
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 from typing import NamedTuple
 
 from .abi import AXES
@@ -98,7 +99,9 @@ TMAP_BYTES = 128
 _PROBE_XOR = 0x5A5A_5A5A_5A50
 _TMAP_CACHE_SIZE = 1024
 _tmap_cache: "OrderedDict[tuple, bytes]" = OrderedDict()  # full images, per address (fallback)
-_templates: dict = {}  # settings key -> (image, address field offset or None)
+_fields: dict = {}  # descriptor layout -> address field offset, or None (not patchable)
+_images: "OrderedDict[tuple, bytes]" = OrderedDict()  # settings key -> image (patchable layouts)
+_UNKNOWN = object()
 
 
 def tma_view(param: dict, shape, stride, elem_bytes: int) -> tuple:
@@ -122,6 +125,12 @@ def _settings_key(param, dims, strides):
             param["l2_promotion"], param["oob_fill"])
 
 
+def _layout_key(param):
+    """What the descriptor's byte layout can depend on, less the tensor's dims and strides."""
+    return (param["dtype"], len(param["dims"]), tuple(param["box"]), param["swizzle"],
+            param["l2_promotion"], param["oob_fill"])
+
+
 def encode_tensormap(param: dict, dims: tuple, strides: tuple, address: int) -> bytes:
     """One ``cuTensorMapEncodeTiled``: the 128-byte image."""
     drv = _driver()
@@ -141,7 +150,7 @@ def encode_tensormap(param: dict, dims: tuple, strides: tuple, address: int) -> 
 def tensormap_image(param: dict, dims: tuple, strides: tuple, address: int) -> bytes:
     """The descriptor for one address, LRU-cached on everything it depends on (the fallback
     when the address field cannot be patched: steady-state callers with a caching allocator
-    pass the same buffers again and again, and an encode costs tens of microseconds)."""
+    pass the same buffers again and again)."""
     key = (address,) + _settings_key(param, dims, strides)
     with _lock:
         hit = _tmap_cache.get(key)
@@ -172,28 +181,39 @@ def address_field(image_a: bytes, address_a: int, image_b: bytes, address_b: int
 
 
 def tensormap_template(param: dict, dims: tuple, strides: tuple, address: int):
-    """(image for ``address``, offset of the address field or None). The first descriptor of
-    each (dims, strides, settings) is encoded twice (at ``address`` and at a probe address) to
-    find the address field; later ones with the same settings only patch it."""
+    """(image for ``address``, offset of the address field or None). The field is located once
+    per descriptor layout (:func:`_layout_key`) by a second encode at a probe address
+    (:func:`address_field`); every later encode of that layout must hold the address there
+    (else it is located again). Images are kept per (dims, strides, settings) (LRU), so a
+    descriptor seen before is only patched. With no such field the image goes to the
+    per-address cache the launcher re-encodes through (:func:`tensormap_image`)."""
     key = _settings_key(param, dims, strides)
+    layout = _layout_key(param)
     with _lock:
-        hit = _templates.get(key)
-    if hit is None:
-        image = encode_tensormap(param, dims, strides, address)
-        probe = address ^ _PROBE_XOR
-        try:
-            off = address_field(image, address, encode_tensormap(param, dims, strides, probe),
-                                probe)
-        except CudaError:
-            off = None
-        hit = (image, off)
-        with _lock:
-            _templates.setdefault(key, hit)
-            if off is None:  # the fallback re-encodes per address: this one is done
-                _tmap_cache[(address,) + key] = image
-    image, off = hit
+        off = _fields.get(layout, _UNKNOWN)
+        image = _images.get(key)
+        if image is not None:
+            _images.move_to_end(key)
     if off is None:
         return tensormap_image(param, dims, strides, address), None
+    if image is None:
+        image = encode_tensormap(param, dims, strides, address)
+        if off is _UNKNOWN or (off is not None
+                               and image[off:off + 8] != address.to_bytes(8, "little")):
+            probe = address ^ _PROBE_XOR
+            try:
+                off = address_field(image, address,
+                                    encode_tensormap(param, dims, strides, probe), probe)
+            except CudaError:
+                off = None
+        with _lock:
+            _fields[layout] = off
+            if off is None:
+                _tmap_cache[(address,) + key] = image
+                return image, None
+            _images[key] = image
+            if len(_images) > _TMAP_CACHE_SIZE:
+                _images.popitem(last=False)
     return image[:off] + address.to_bytes(8, "little") + image[off + 8:], off
 
 
@@ -270,6 +290,15 @@ class LaunchPlan:
                 raise ValueError(f"parameter {p['name']}: packed {size} bytes, record says {p['size']}")
             pos += size
         self.size = (pos + 7) & ~7
+        # every scalar and tuple in one Struct (pad bytes between them), for template()
+        fmt, end, self.names, self.ptr_fields = ["<"], 0, [], []
+        for off, st, names, _, kind in self.fields:
+            fmt.append(f"{off - end}x{st.format.lstrip('<')}")
+            end = off + st.size
+            if kind == "ptr":
+                self.ptr_fields.append((len(self.names), off))
+            self.names.extend(names)
+        self.scalars = struct.Struct("".join(fmt))
 
     def pack(self, values: dict, tensors: dict):
         """Every parameter, packed into a fresh zeroed buffer (``tensors``: the (b, s, h, d)
@@ -284,17 +313,23 @@ class LaunchPlan:
 
     def template(self, values: dict, views: dict) -> Template:
         """The constant part of the buffer; ``ptr`` values may be :class:`PerCall` (written per
-        call), ``views`` maps each descriptor's tensor to a :class:`TensorView`."""
-        buf = bytearray(self.size)
+        call), ``views`` maps each descriptor's tensor to a :class:`TensorView`. Byte for byte
+        what :meth:`pack` writes for the same values and addresses."""
+        vals = [values[n] for n in self.names]
         ptr_patches, tmap_patches = [], []
-        for off, st, names, cast, kind in self.fields:
-            vals = [values[n] for n in names]
-            if kind == "ptr" and isinstance(vals[0], PerCall):
-                ptr_patches.append((off, vals[0].slot))
-                continue
-            if any(isinstance(x, PerCall) for x in vals):
-                raise ValueError(f"{names}: only pointer parameters take a per-call value")
-            st.pack_into(buf, off, *[cast(x) for x in vals])
+        for i, off in self.ptr_fields:
+            if isinstance(vals[i], PerCall):
+                ptr_patches.append((off, vals[i].slot))
+                vals[i] = 0
+        buf = bytearray(self.size)
+        try:
+            self.scalars.pack_into(buf, 0, *vals)
+        except struct.error as e:
+            bad = [(n, x) for n, x in zip(self.names, vals)
+                   if isinstance(x, (PerCall, tuple)) or not isinstance(x, (int, float))]
+            what = ("only pointer parameters take a per-call value"
+                    if any(isinstance(x, PerCall) for _, x in bad) else str(e))
+            raise ValueError(f"{[n for n, _ in bad]}: {what}") from None
         for off, p in self.tensormaps:
             p = resolve_box(p, values)
             tv = views[p["tensor"]]
@@ -354,8 +389,9 @@ class Launcher:
         self.patches = tuple((off // 8, index[s]) for off, s in template.ptr_patches)
         self.tmaps = tuple((off, p, dims, strides, index[s])
                            for off, p, dims, strides, s in template.tmap_patches)
-        self.ptrs = (ctypes.c_void_p * len(template.offsets))(
-            *[base + o for o in template.offsets])
+        n = len(template.offsets)
+        self.ptrs = (ctypes.c_uint64 * n)()
+        _u64s(n).pack_into(self.ptrs, 0, *[base + o for o in template.offsets])
         self.params = ctypes.addressof(self.ptrs)
         self.cfg, self.func = _launch_config(kernel, grid, block, smem, stream_handle, cluster)
         self.launch = _driver().cuLaunchKernelEx
@@ -371,6 +407,11 @@ class Launcher:
         err = self.launch(self.cfg, self.func, self.params, 0)[0]
         if err:
             _check((err,), "cuLaunchKernelEx")
+
+
+@lru_cache(maxsize=None)
+def _u64s(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}Q")
 
 
 def _launch_config(kernel, grid, block, smem, stream_handle, cluster):

@@ -101,7 +101,7 @@ def test_decode_call_packs_gqa_and_splits(monkeypatch):
     assert comb.values["num_splits"] == 4 and comb.values["num_heads"] == h
     assert len(drv.launches) == 2
     # both launches see the same partial buffers: the main kernel writes, the combine reads
-    assert entry.acc_scratch is not None
+    assert entry.pooled is not None and len(entry.pooled) == 3
 
 
 def test_paged_call_values(monkeypatch):

@@ -4,6 +4,7 @@ installed) tiny bf16 models run through the adapter with fa4_aot.attention repla
 reference of the same FlashAttention semantics (varlen, seqused_q/k, bottom-right causal,
 window, softcap), compared with transformers' own sdpa backend."""
 
+import itertools
 import math
 import subprocess
 import sys
@@ -226,9 +227,11 @@ def test_tiny_models_cpu(tf, kind):
         for s, e in ((0, 4), (4, 6), (6, 9)):
             b = ref(ids[:1, s:e]).logits
             assert (a[:, s:e] - b).abs().max() < 0.05, kind
-        # generate: dynamic and static cache, left-padded batch
-        m = torch.tensor([[1] * 9, [0] * 3 + [1] * 6, [0] * 7 + [1] * 2])
-        for cache in ("dynamic", "static"):
+        # generate: dynamic and static cache, left-padded batch and one without padding (a
+        # static cache then runs on the whole buffer with seqused_k)
+        padded = torch.tensor([[1] * 9, [0] * 3 + [1] * 6, [0] * 7 + [1] * 2])
+        for cache, m in itertools.product(("dynamic", "static"),
+                                          (padded, torch.ones_like(padded))):
             kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, attention_mask=m)
             if cache == "static":
                 kw["cache_implementation"] = "static"

@@ -318,6 +318,11 @@ def test_tensormap_template_patches_or_falls_back(monkeypatch, addr_word):
         assert img == runtime.encode_tensormap(p, dims, strides, addr)
     extra = 0 if addr_word is not None else 2  # fallback: one encode per new address
     assert drv.encodes == 2 + 3 + extra
+    # a new shape of the same layout: one encode, no probe (the field is known)
+    before = drv.encodes
+    img, off = runtime.tensormap_template(p, (128, 1001, 8, 2), (256, 2048, 2050048), 0x30000)
+    assert img == runtime.encode_tensormap(p, (128, 1001, 8, 2), (256, 2048, 2050048), 0x30000)
+    assert drv.encodes == before + 2
 
 
 # ------------------------------------------------------------------ the host path, faked driver
@@ -366,7 +371,9 @@ def test_memo_hit_patches_addresses_and_matches_a_full_pack(monkeypatch):
             for p, r, g in zip(params, ref, got):
                 assert r == g, f"call {i}: parameter {p['name']} differs"
     assert len(derived) == 1 and len(drv.launches) == 4
-    assert by_calls == 4  # q and k/v templates, each encoded twice (probe); v shares k's
+    # q's descriptor encoded twice (the probe locates the address field of the layout), k's
+    # once (same layout), v's none (k's image, patched)
+    assert by_calls == 3
     assert drv.launches[-1]["grid"] == (8, 1, 1) and drv.launches[-1]["stream"] == 0x5000
 
 
@@ -763,19 +770,29 @@ def test_torch_compile_traces_the_op_with_packed_arguments(monkeypatch):
     assert windows == [(False, -1, True), (True, 16, False)]
 
 
-def test_scratch_is_kept_from_eager_calls_only(monkeypatch):
-    """return_lse=False: an eager call keeps its LSE buffer for the next one; the torch op
-    (torch.compile's path) keeps none, so a CUDA-graph-trees warm-up leaves nothing behind in
-    the graph's pool."""
+def test_scratch_is_pooled_from_eager_calls_only(monkeypatch):
+    """return_lse=False: eager calls write the unwanted LSE into the thread's scratch pool of
+    their stream, shared by every prepared call (a call that is never made again holds no
+    memory); the torch op (torch.compile's path) takes nothing from the pool, so a
+    CUDA-graph-trees warm-up leaves nothing behind in the graph's pool."""
     from fa4_aot import interface
     fakecuda.install(monkeypatch)
     q, k, v = _dense()
     with torch.no_grad():
         out, lse = interface.forward(q, k, v, [None] * 5, [0, 0, -1, -1, 0], True, None, "auto")
         (e,) = interface.prepared_calls()
-        assert lse.shape == (2, 4, 100) and e.lse_scratch is None
+        assert lse.shape == (2, 4, 100) and e.pool is None and not interface._tls.pools
         fa4_aot.attention(q, k, v, causal=True)
-        assert interface.prepared_calls() == (e,) and e.lse_scratch is not None
-        kept = e.lse_scratch
+        assert interface.prepared_calls() == (e,) and e.pool is not None
+        (pool,) = interface._tls.pools.values()
+        assert e.pool is pool and e.pooled[0].data_ptr() == pool.data_ptr()
         fa4_aot.attention(q, k, v, causal=True)
-        assert e.lse_scratch is kept
+        assert e.pool is pool
+        # another prepared call on the same stream shares the pool (growing it if it must)
+        q2, k2, v2 = _dense(sq=300)
+        fa4_aot.attention(q2, k2, v2, causal=True)
+        (pool2,) = interface._tls.pools.values()
+        e2 = interface.prepared_calls()[-1]
+        assert e2.pool is pool2 and pool2.numel() >= 2 * 4 * 300
+        fa4_aot.attention(q, k, v, causal=True)  # the first entry re-carves from the new pool
+        assert e.pool is pool2

@@ -29,7 +29,8 @@ What :func:`attention_forward` does with it (query/key/value arrive (batch, head
   ``seqused_q`` valid keys (left padding, right padding and holes alike). Outside capture and
   compilation, a mask with no padding (a static cache without padding) is detected with one
   host sync per forward (memoised on the mask tensor, shared by all layers) and runs as one
-  dense call on the filled part of the buffer instead.
+  dense call instead; on a static cache it takes the whole buffer with ``seqused_k`` = the
+  filled length, so its shapes, and so its prepared launch, stay the same from step to step.
 * packed sequences: ``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs (as transformers'
   ``DataCollatorWithFlattening`` produces), or batch 1 with ``position_ids`` restarting at 0
   (detected with one host sync per forward, as transformers' flash backends do; not under
@@ -146,12 +147,9 @@ def _memo_get(kind, t, fn):
 
 def _tracing() -> bool:
     """torch.compile tracing or CUDA-graph capture: no host syncs, no data-dependent branches."""
-    if torch.compiler.is_compiling():
-        return True
-    try:
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    except Exception:  # noqa: BLE001
-        return False
+    from fa4_aot import interface
+    return torch.compiler.is_compiling() or (torch.cuda.is_initialized()
+                                             and interface._capturing())
 
 
 def _unsupported(feature: str, hint: str = ""):
@@ -159,8 +157,10 @@ def _unsupported(feature: str, hint: str = ""):
                                + (f"; {hint}" if hint else "") + ".")
 
 
-def _call(q, k, v, **kw):
+def _call(q, k, v, window_size=(-1, -1), **kw):
     import fa4_aot  # the module attribute, so tests can substitute a reference
+    if window_size != (-1, -1):  # without one, fa4_aot's key skips the window's normalisation
+        kw["window_size"] = window_size
     return fa4_aot.attention(q, k, v, **kw)
 
 
@@ -240,6 +240,7 @@ def _masked(q, k, v, mask, sliding_window, kw):
     slots of the buffer are filled)."""
     b, sq = q.shape[0], q.shape[1]
     w = mask.shape[1]
+    full_k, full_v = k, v
     if w < k.shape[1]:
         k, v = k[:, :w], v[:, :w]
     elif w > k.shape[1]:
@@ -249,7 +250,13 @@ def _masked(q, k, v, mask, sliding_window, kw):
         raise ValueError(f'attn_implementation="{NAME}": {sq} queries but a {w}-key mask')
     win = window_size(sliding_window, kw["causal"], w)
     if not _tracing() and _memo_get("full", mask, lambda m: bool(m.bool().all().item())):
-        return _call(q, k, v, window_size=win, **kw)
+        if w == full_k.shape[1]:
+            return _call(q, k, v, window_size=win, **kw)
+        # a static cache with no padding: the whole buffer with seqused_k = w keeps the call's
+        # shapes (and its prepared launch) the same from one decode step to the next
+        used = _memo_get("filled", mask, lambda m: torch.full(
+            (m.shape[0],), m.shape[1], dtype=torch.int32, device=m.device))
+        return _call(q, full_k, full_v, window_size=win, seqused_k=used, **kw)
     src_k, dest_k, count_k = compact_index(mask)
     mq = mask[:, w - sq:]
     if sq == 1:  # decode: nothing to move, the row is valid or not
