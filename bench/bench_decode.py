@@ -18,8 +18,8 @@ every provider are checked against fa4_aot's (relative max difference, ``!`` whe
 ``paged`` group: the B=32 x 8k, GQA 32/8 decode case with K/V in a shuffled page pool (page
 16 and 128; fa4_aot with ``page_table`` + ``seqused_k``, ``fa4_aot:contig`` = the same data as
 a contiguous cache, ``fa4`` = FA4's ``flash_attn_varlen_func(page_table=...)``) and a
-chunked-prefill mix (8 sequences of 2,048 cached tokens, page 64, each with a new chunk of 256
-query tokens packed with cu_seqlens_q, causal). Needs a GPU.
+chunked-prefill mix (8 sequences of 2,048 cached tokens, pages of 64, 128 and 256, each with a
+new chunk of 256 query tokens packed with cu_seqlens_q, causal). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -105,6 +105,8 @@ PAGED_CASES = [  # (label, batch, seqlen_q (per sequence), cached keys, heads, k
     ("decode B32 sk8k 32/8 page16", 32, 1, 8192, 32, 8, 16),
     ("decode B32 sk8k 32/8 page128", 32, 1, 8192, 32, 8, 128),
     ("chunked prefill 8x(2k+256) page64", 8, 256, 2048 + 256, 32, 8, 64),
+    ("chunked prefill 8x(2k+256) page128", 8, 256, 2048 + 256, 32, 8, 128),
+    ("chunked prefill 8x(2k+256) page256", 8, 256, 2048 + 256, 32, 8, 256),
 ]
 
 

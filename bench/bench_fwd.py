@@ -1,7 +1,7 @@
 """Forward benchmark: fa4_aot (each scheduler) vs cuDNN SDPA, torch flash and upstream FA4, one
 process, one GPU.
 
-    python bench/bench_fwd.py [--set all|anchors|gqa|imbalanced|causal|docs|window|host[,...]]
+    python bench/bench_fwd.py [--set all|anchors|gqa|imbalanced|causal|docs|window|extra|host[,...]]
                               [--filter SUBSTR[,...]] [--shapes "B,H,S,D[,c][,wL:R];..."]
                               [--providers fa4_aot:single,fa4_aot:static,fa4_aot:steal,cudnn,flash,fa4]
                               [--iters N] [--repeats N] [--no-check] [--varlen-peer auto|native|loop]
@@ -10,8 +10,12 @@ process, one GPU.
 Cases (bench/benchlib.py): the anchor table of shared/design.md (non-causal and causal), the
 causal sweep S = 1k..16k at 32k tokens (hd 128 and 64), varlen document mixes (1x16k + 32x512,
 16x2k, a zipf-like mix of 38,912 tokens; causal hd128/hd64 and non-causal hd128) and a causal
-sliding window (1024, 0) at S=8192 B=4 hd128, and grouped-query attention (2 x 32 query / 8 KV
-heads x 8192 x 128, causal and not). 16 heads wherever the anchor table does not say.
+sliding window (1024, 0) at S=8192 B=4 hd128, grouped-query attention (2 x 32 query / 8 KV
+heads x 8192 x 128, causal and not), and ``extra`` (benchlib.extra_cases: hd96 and hd192 at
+2x16x8k, fp16 hd128 2x16x8k, 1x32x32k causal, chunked prefill 4 x 2k and 16 x 512 new queries
+against 16k / 8k keys, 32/8 heads, causal bottom-right: SDPA's is_causal is top-left aligned,
+so the cuDNN and flash columns are n/a there). 16 heads wherever the anchor table does not say.
+A case's own dtype (the fp16 rows) wins over --dtype.
 
 TFLOP/s = 4*B*H*Sq*Sk*D / t, causal / window / varlen counting only the unmasked (q, k) pairs,
 computed exactly per document. Time: median over --repeats of (CUDA events around --iters
@@ -207,16 +211,21 @@ class Inputs:
     def __init__(self, case: bl.Case, dtype, max_bytes=2 << 30):
         import torch
         self.case = case
+        if case.dtype:  # the case's own dtype wins over the run's
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
         h, hk, d = case.heads, case.kv_heads, case.head_dim
-        per_set = (h + 2 * hk) * case.tokens * d * torch.tensor([], dtype=dtype).element_size()
+        per_set = ((h * case.tokens + 2 * hk * case.kv_tokens) * d
+                   * torch.tensor([], dtype=dtype).element_size())
         self.n = max(1, min(4, max_bytes // max(per_set, 1)))
         dev = "cuda"
 
-        def shape(heads):
+        def shape(heads, rows):
             if case.varlen:
                 return (case.tokens, heads, d)
-            return (case.batch, case.seqlen_q, heads, d)
-        self.sets = [tuple(torch.randn(shape(x), device=dev, dtype=dtype) for x in (h, hk, hk))
+            return (case.batch, rows, heads, d)
+        self.sets = [tuple(torch.randn(shape(x, rows), device=dev, dtype=dtype)
+                           for x, rows in ((h, case.seqlen_q), (hk, case.seqlen_k),
+                                           (hk, case.seqlen_k)))
                      for _ in range(self.n)]
         cu = case.cu_seqlens()
         self.cu = torch.tensor(cu, dtype=torch.int32, device=dev)
@@ -342,6 +351,8 @@ def build_peer(env: Env, prov, case: bl.Case, inp: Inputs, varlen_peer):
         return (lambda i: _first(f(*inp.dense(i), **kw))), "flash_attn_func"
 
     # cudnn / flash
+    if case.causal and not case.varlen and case.seqlen_q != case.seqlen_k:
+        raise NotSupported("n/a (SDPA's is_causal is top-left aligned)")
     if not case.varlen and not case.window:
         import torch.nn.functional as F
         gqa = {"enable_gqa": True} if case.kv_heads != case.heads else {}

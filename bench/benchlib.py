@@ -179,7 +179,7 @@ DOC_SETS = {
 WINDOW_CASES = [(4, 16, 8192, 128, (1024, 0))]  # (B, H, S, D, (left, right)), causal
 # Grouped-query attention (B, query heads, KV heads, S, D), each non-causal and causal.
 GQA_CASES = [(2, 32, 8, 8192, 128)]
-GROUPS = ("anchors", "gqa", "causal", "docs", "window")
+GROUPS = ("anchors", "gqa", "causal", "docs", "window", "extra")
 GROUP_ALIASES = {"all": GROUPS, "imbalanced": ("causal", "docs", "window"),
                  "varlen": ("docs",)}
 # Host time per call (issue 16): small calls, where the host work is the cost. Not in "all":
@@ -210,6 +210,7 @@ class Case:
     window: tuple | None = None  # (left, right), -1 = unbounded
     docs: tuple | None = None
     heads_k: int = 0  # key/value heads (GQA); 0 = heads
+    dtype: str = ""  # "bf16" / "fp16"; "" = the run's --dtype
 
     @property
     def kv_heads(self) -> int:
@@ -226,6 +227,10 @@ class Case:
     @property
     def tokens(self) -> int:
         return sum(self.docs) if self.varlen else self.batch * self.seqlen_q
+
+    @property
+    def kv_tokens(self) -> int:
+        return sum(self.docs) if self.varlen else self.batch * self.seqlen_k
 
     def seqlens(self) -> list[tuple[int, int]]:
         """(seqlen_q, seqlen_k) of every batch entry / document."""
@@ -262,15 +267,33 @@ def _kilo(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
-def dense_case(b, h, s, d, causal, group="anchors", window=None, label=None, hk=0) -> Case:
+def dense_case(b, h, s, d, causal, group="anchors", window=None, label=None, hk=0, sk=None,
+               dtype="") -> Case:
+    """``s`` queries against ``sk`` keys (default ``s``; causal is bottom-right aligned)."""
     if label is None:
         gqa = bool(hk) and hk != h
         label = f"gqa {b}x{h}q/{hk}kvx{s}x{d}" if gqa else f"{b}x{h}x{s}x{d}"
         label += " causal" if causal else ""
         if window:
             label += f" window{tuple(window)}"
-    return Case(group, label, h, d, causal, batch=b, seqlen_q=s, seqlen_k=s,
-                window=tuple(window) if window else None, heads_k=hk)
+    return Case(group, label, h, d, causal, batch=b, seqlen_q=s, seqlen_k=s if sk is None else sk,
+                window=tuple(window) if window else None, heads_k=hk, dtype=dtype)
+
+
+def extra_cases() -> list[Case]:
+    """Shapes the other groups miss: hd96 and hd192, fp16, one long causal sequence, and chunked
+    prefill (a chunk of new queries against a longer cache, causal bottom-right)."""
+    out = []
+    for d in (96, 192):
+        out += [dense_case(2, 16, 8192, d, c, group="extra") for c in (False, True)]
+    out += [dense_case(2, 16, 8192, 128, c, group="extra", dtype="fp16",
+                       label=f"2x16x8192x128{' causal' if c else ''} fp16") for c in (False, True)]
+    out.append(dense_case(1, 32, 32768, 128, True, group="extra"))
+    for b, sq, sk in ((4, 2048, 16384), (16, 512, 8192)):
+        out.append(dense_case(b, 32, sq, 128, True, group="extra", hk=8, sk=sk,
+                              label=f"chunked prefill {b}x({_kilo(sq)} on {_kilo(sk)}) 32/8 "
+                                    f"hd128"))
+    return out
 
 
 def host_cases() -> list[Case]:
@@ -325,6 +348,8 @@ def build_cases(groups="all") -> list[Case]:
             for b, h, s, d, w in WINDOW_CASES:
                 cases.append(dense_case(b, h, s, d, True, group="window", window=w,
                                         label=f"window{w} S={s} B={b} hd{d}"))
+        elif g == "extra":
+            cases += extra_cases()
     if HOST_GROUP in wanted:
         cases += host_cases()
     return cases

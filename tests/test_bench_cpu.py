@@ -109,6 +109,24 @@ def test_case_lists():
         bl.build_cases("nope")
 
 
+def test_extra_cases():
+    """hd96/hd192, fp16, one long causal sequence, chunked prefill (queries against a longer
+    cache, causal counted bottom-right)."""
+    extra = {c.label: c for c in bl.build_cases("extra")}
+    assert set(extra) <= {c.label for c in bl.build_cases("all")}
+    assert {c.head_dim for c in extra.values()} == {96, 128, 192}
+    assert [c.dtype for c in extra.values()].count("fp16") == 2
+    long = extra["1x32x32768x128 causal"]
+    assert long.flops() == 4 * 32 * 128 * 32768 * 32769 // 2
+    chunk = extra["chunked prefill 4x(2k on 16k) 32/8 hd128"]
+    assert (chunk.batch, chunk.seqlen_q, chunk.seqlen_k, chunk.heads, chunk.kv_heads) == (
+        4, 2048, 16384, 32, 8)
+    assert chunk.tokens == 4 * 2048 and chunk.kv_tokens == 4 * 16384
+    # bottom-right: row i sees 16384 - 2048 + i + 1 keys
+    assert chunk.pairs() == 4 * sum(16384 - 2048 + i + 1 for i in range(2048))
+    assert chunk.to_dict()["dtype"] == "" and extra["2x16x8192x128 fp16"].to_dict()["dtype"] == "fp16"
+
+
 def test_parse_shapes_and_filter():
     cs = bl.parse_shapes("2,16,1024,128;1,4,256,64,c;1,2,512,128,c,w64:0")
     assert [(c.batch, c.heads, c.seqlen_q, c.head_dim, c.causal, c.window) for c in cs] == [
@@ -267,7 +285,7 @@ def test_bench_fwd_from_json_cli(tmp_path):
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "o.csv").stat().st_size > 0 and (tmp_path / "o.png").stat().st_size > 0
     last = p.stdout.rstrip().splitlines()
-    assert last[-1].startswith("window(1024, 0) S=8192 B=4 hd128")
+    assert last[-1].startswith("chunked prefill 16x(512 on 8k) 32/8 hd128")  # the last group
     assert any(ln.startswith("TFLOP/s = 4*B*H*Sq*Sk*D") for ln in last)
 
 
