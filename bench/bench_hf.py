@@ -10,8 +10,9 @@ tokens minus ``generate`` of one token (the same prefill and setup), greedy, ``m
 = ``--new``: tokens/s = batch * (new - 1) / difference. ``static`` is transformers' static cache
 (``cache_implementation="static"``) without its automatic torch.compile, so that every backend
 runs eagerly. Each time is the median of ``--repeats`` rounds; within a round the providers
-run one after another, in alternating order. ``--json`` merges the group ``hf`` (other groups
-kept; bench_decode.merge_json).
+run one after another, in alternating order. ``--anatomy`` adds, per backend, what one decode
+step does (host syncs, launches, GPU kernel time; :func:`_anatomy`). ``--json`` merges the
+group ``hf`` (other groups kept; bench_decode.merge_json).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--anatomy", action="store_true",
+                    help="also profile each backend's decode steps: host syncs, kernel launches "
+                         "and GPU kernel time per step (torch.profiler)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
 
@@ -117,6 +121,9 @@ def main(argv=None):
             for p in res:
                 if ref is not None:
                     res[p]["tokens_as_sdpa"] = (tokens[p] == ref).float().mean().item()
+                if a.anatomy:
+                    model.set_attn_implementation(p)
+                    res[p]["per_step"] = _anatomy(model, ids, gen)
             rows.append({"group": "hf", "label": f"llama {a.layers}L hd128 32/8 b{b} "
                                                  f"prompt {a.prompt} +{a.new} {cache}",
                          "case": {"batch": b, "prompt": a.prompt, "new_tokens": a.new,
@@ -142,11 +149,49 @@ def main(argv=None):
         _print_row(r, provs)
 
 
+def _anatomy(model, ids, gen, steps=9):
+    """What one decode step does, per backend: the profile of ``generate(steps)`` minus that of
+    ``generate(1)`` (the same prefill), divided by ``steps - 1``. ``syncs``: device->host
+    reads (``aten::_local_scalar_dense``, what ``.item()`` / ``bool(tensor)`` run), which stop
+    the host from running ahead of the GPU; ``launches``: kernel launches through the runtime
+    or the driver; ``gpu_ms``: kernel time on the device."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    launch_names = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                    "cuLaunchKernelEx")
+
+    cuda = ids.is_cuda
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def count(n):
+        with torch.inference_mode(), profile(activities=acts) as prof:
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+            if cuda:
+                torch.cuda.synchronize()
+        c = {"syncs": 0, "launches": 0, "gpu_ms": 0.0}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                c["gpu_ms"] += e.device_time / 1e3
+            elif e.name == "aten::_local_scalar_dense":
+                c["syncs"] += 1
+            elif e.name in launch_names:
+                c["launches"] += 1
+        return c
+
+    many, one = count(steps), count(1)
+    return {k: (many[k] - one[k]) / (steps - 1) for k in many}
+
+
 def _print_row(r, provs):
     cells = "".join(f"  {p}: {r['providers'][p]['prefill_tok_s']:>8.0f} "
                     f"{r['providers'][p]['decode_tok_s']:>8.1f}"
                     for p in provs if p in r["providers"])
     print(f"{r['label']:<44}{cells}", flush=True)
+    for p in provs:
+        a = r["providers"].get(p, {}).get("per_step")
+        if a:
+            print(f"    {p:<18} per decode step: {a['syncs']:.1f} syncs, "
+                  f"{a['launches']:.0f} launches, {a['gpu_ms']:.2f} ms of kernels", flush=True)
 
 
 if __name__ == "__main__":

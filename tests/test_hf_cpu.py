@@ -244,3 +244,14 @@ def test_tiny_models_cpu(tf, kind):
             lo = lo[:, 8:-1].float()
             chosen = lo.gather(-1, new[..., None])[..., 0]
             assert (lo.max(-1).values - chosen).max() < 0.05, (kind, cache)
+
+
+def test_bench_anatomy_counts_per_step(tf):
+    """bench_hf --anatomy on a tiny model on the CPU: the per-step difference of two profiles."""
+    import bench_hf
+    model = _model(tf, "llama", "fa4_aot")
+    ids = torch.randint(1, 128, (2, 9))
+    with torch.no_grad():
+        got = bench_hf._anatomy(model, ids, dict(do_sample=False, pad_token_id=0), steps=3)
+    assert set(got) == {"syncs", "launches", "gpu_ms"}
+    assert got["syncs"] >= 1 and got["launches"] == 0 and got["gpu_ms"] == 0  # CPU: no kernels
