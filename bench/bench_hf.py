@@ -3,16 +3,17 @@ Llama-shaped model (8 layers, hd128, 32/8 heads, bf16) with attn_implementation 
 flash_attention_4 (FA4, when importable) and fa4_aot, in one process.
 
     python bench/bench_hf.py [--batches 1,16] [--caches dynamic,static] [--prompt 2048]
-                             [--new 128] [--json docs/bench_h200.json]
+                             [--new 128] [--anatomy] [--json docs/bench_h200.json]
 
-Prefill: a forward of (batch, prompt) tokens without a cache (median of 3 per round). Decode: ``generate`` of ``--new``
-tokens minus ``generate`` of one token (the same prefill and setup), greedy, ``min_new_tokens``
-= ``--new``: tokens/s = batch * (new - 1) / difference. ``static`` is transformers' static cache
-(``cache_implementation="static"``) without its automatic torch.compile, so that every backend
-runs eagerly. Each time is the median of ``--repeats`` rounds; within a round the providers
-run one after another, in alternating order. ``--anatomy`` adds, per backend, what one decode
-step does (host syncs, launches, GPU kernel time; :func:`_anatomy`). ``--json`` merges the
-group ``hf`` (other groups kept; bench_decode.merge_json).
+Prefill: a forward of (batch, prompt) tokens without a cache (the median of 3 per round).
+Decode: ``generate`` of ``--new`` tokens minus ``generate`` of one token (the same prefill and
+setup), greedy, ``min_new_tokens`` = ``--new``: tokens/s = batch * (new - 1) / difference.
+``static`` is transformers' static cache (``cache_implementation="static"``) without its
+automatic torch.compile, so that every backend runs eagerly. Each time is the median of
+``--repeats`` rounds; within a round the providers run one after another, in alternating
+order. ``--anatomy`` adds, per backend, what one decode step does (host syncs, launches, GPU
+kernel time; :func:`_anatomy`). ``--json`` merges the group ``hf`` (other groups kept;
+bench_decode.merge_json).
 """
 
 from __future__ import annotations
