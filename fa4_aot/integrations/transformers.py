@@ -50,6 +50,8 @@ import weakref
 
 import torch
 
+from fa4_aot import interface as _interface
+
 NAME = "fa4_aot"
 HEAD_DIMS = (64, 96, 128, 192, 256)
 
@@ -147,9 +149,8 @@ def _memo_get(kind, t, fn):
 
 def _tracing() -> bool:
     """torch.compile tracing or CUDA-graph capture: no host syncs, no data-dependent branches."""
-    from fa4_aot import interface
     return torch.compiler.is_compiling() or (torch.cuda.is_initialized()
-                                             and interface._capturing())
+                                             and _interface._capturing())
 
 
 def _unsupported(feature: str, hint: str = ""):
