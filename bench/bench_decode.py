@@ -1,6 +1,6 @@
 """Decode and paged-KV benchmark: fa4_aot (packed GQA + split-KV, paged KV) vs upstream FA4 and cuDNN.
 
-    python bench/bench_decode.py [--set decode,paged] [--json docs/bench_h200.json]
+    python bench/bench_decode.py [--set decode,paged,fp8] [--json docs/bench_h200.json]
                                  [--repeats 5] [--iters 20] [--providers fa4_aot,fa4,cudnn]
                                  [--filter TEXT]
 
@@ -20,6 +20,14 @@ every provider are checked against fa4_aot's (relative max difference, ``!`` whe
 a contiguous cache, ``fa4`` = FA4's ``flash_attn_varlen_func(page_table=...)``) and a
 chunked-prefill mix (8 sequences of 2,048 cached tokens, pages of 64, 128 and 256, each with a
 new chunk of 256 query tokens packed with cu_seqlens_q, causal). Needs a GPU.
+
+``fp8`` group (issue 54's rows): fa4_aot with an e4m3 KV cache (``fa4_aot``; ``:qkv`` rows
+with an e4m3 q too) against fa4_aot in bf16 on the same values (``bf16``: the e4m3 values
+widened, descales 1, so the outputs agree to bf16 rounding) - decode B=32 x 8k 32/8
+contiguous and paged (page 16), B=8 x 32k, B=1 x 128k, and the prefill shape 2x16x8k hd128
+(which has no FP8 prefill kernel yet: it runs on the FP8 decode kernels); ``speedup`` = bf16
+time / fp8 time. Plus torch's ``_scaled_mm`` e4m3 8192^3 as the FP8 matmul limit (TFLOP/s).
+The group sets FA4_AOT_EXPERIMENTAL_FP8=1 for itself (docs/design.md#fp8).
 """
 
 from __future__ import annotations
@@ -165,6 +173,104 @@ def uniform_offsets(n, step):
     return torch.arange(0, n * step + 1, step, dtype=torch.int32, device="cuda")
 
 
+FP8_CASES = [  # (label, batch, seqlen_q, seqlen_k, heads, kv_heads, page, e4m3 q, causal)
+    ("decode B32 sk8k 32/8", 32, 1, 8192, 32, 8, 0, False, True),
+    ("decode B32 sk8k 32/8 page16", 32, 1, 8192, 32, 8, 16, False, True),
+    ("decode B32 sk8k 32/8 :qkv", 32, 1, 8192, 32, 8, 0, True, True),
+    ("decode B8 sk32k 32/8", 8, 1, 32768, 32, 8, 0, False, True),
+    ("decode B1 sk128k 32/8", 1, 1, 131072, 32, 8, 0, False, True),
+    ("prefill 2x16x8k :qkv", 2, 8192, 8192, 16, 16, 0, True, False),
+    ("prefill 2x16x8k causal :qkv", 2, 8192, 8192, 16, 16, 0, True, True),
+]
+
+
+def fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal):
+    """(fp8 call, bf16 call) on the same values: e4m3 K/V (and q) with descales 1, and their
+    exact bf16 widening; paged: a shuffled pool of pages with page_table + seqused_k."""
+    import torch
+    import fa4_aot
+    e4m3 = torch.float8_e4m3fn
+    d = HEAD_DIM
+    q8 = torch.randn(b, sq, h, d, device="cuda").to(e4m3)
+    ones = torch.ones(b, hk, device="cuda")
+    paged = {}
+    if page:
+        pages = -(-sk // page)
+        k8 = torch.randn(b * pages, page, hk, d, device="cuda").to(e4m3)
+        paged = {"page_table": torch.randperm(b * pages, device="cuda").int().view(b, pages),
+                 "seqused_k": torch.full((b,), sk, dtype=torch.int32, device="cuda")}
+    else:
+        k8 = torch.randn(b, sk, hk, d, device="cuda").to(e4m3)
+    v8 = torch.randn_like(k8, dtype=torch.float32).to(e4m3)
+    q = q8 if fp8_q else q8.to(torch.bfloat16)
+    qb, kb, vb = (x.to(torch.bfloat16) for x in (q8, k8, v8))
+    qd = ones if fp8_q else None
+    return {"fa4_aot": lambda: fa4_aot.attention(q, k8, v8, causal=causal, q_descale=qd,
+                                                 k_descale=ones, v_descale=ones, **paged),
+            "bf16": lambda: fa4_aot.attention(qb, kb, vb, causal=causal, **paged)}
+
+
+def scaled_mm_tflops(n=8192, iters=20):
+    """torch._scaled_mm on e4m3 n x n x n (bf16 out): the FP8 matmul rate, TFLOP/s."""
+    import torch
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    bt = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    f = lambda: torch._scaled_mm(a, bt, one, one, out_dtype=torch.bfloat16)  # noqa: E731
+    for _ in range(3):
+        f()
+    ms = statistics.median(event_time(f, iters) for _ in range(5))
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+def run_fp8(a):
+    import os
+
+    import torch
+    from fa4_aot.validate import FP8_ENV
+    os.environ[FP8_ENV] = "1"
+    rows = []
+    for (lab, b, sq, sk, h, hk, page, fp8_q, causal) in FP8_CASES:
+        if a.filter and a.filter not in lab:
+            continue
+        res = measure(fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal), a.repeats, a.iters)
+        kvb = kv_bytes(b, sk, hk, elem=1)
+        flops = 4 * h * HEAD_DIM * b * (visible_pairs(sq, sk) if causal else sq * sk)
+        prov = _summarise(res, kvb, flops)
+        f8, bf = prov["fa4_aot"].get("us"), prov["bf16"].get("us")
+        rows.append({"group": "fp8", "label": lab,
+                     "case": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads": h,
+                              "kv_heads": hk, "head_dim": HEAD_DIM, "causal": causal,
+                              "page_size": page, "dtype": "e4m3" if fp8_q else "bf16+e4m3kv",
+                              "kv_bytes": kvb, "flops": flops},
+                     "providers": prov,
+                     "speedup": round(bf / f8, 3) if f8 and bf else None})
+        print_row(rows[-1], list(res))
+        torch.cuda.empty_cache()
+    if not a.filter or a.filter in "scaled_mm":
+        t = scaled_mm_tflops()
+        rows.append({"group": "fp8", "label": "limit: torch._scaled_mm e4m3 8192^3",
+                     "case": {"m": 8192, "n": 8192, "k": 8192, "dtype": "e4m3"},
+                     "providers": {"scaled_mm": {"tflops": round(t, 1)}}})
+        print(f"{rows[-1]['label']:<34} {t:.0f} TFLOP/s", flush=True)
+    return rows, ["fa4_aot", "bf16"]
+
+
+def fp8_table(rows) -> str:
+    lines = [f"{'case':<34} {'fp8 us':>9} {'bf16 us':>9} {'speedup':>8} {'fp8 TB/s':>9}"]
+    for row in rows:
+        pr = row["providers"]
+        if "scaled_mm" in pr:
+            lines.append(f"{row['label']:<34} {pr['scaled_mm']['tflops']:9.0f} TFLOP/s")
+            continue
+        f8, bf = pr.get("fa4_aot", {}), pr.get("bf16", {})
+        sp = row.get("speedup")
+        lines.append(f"{row['label']:<34} {f8.get('us') or float('nan'):9.1f} "
+                     f"{bf.get('us') or float('nan'):9.1f} "
+                     f"{(f'{sp:.2f}x' if sp else '-'):>8} {f8.get('tb_s') or float('nan'):9.2f}")
+    return "\n".join(lines)
+
+
 def run_paged(a):
     import torch
     names = [p.strip() for p in a.providers.split(",") if p.strip() and p.strip() != "cudnn"]
@@ -307,6 +413,11 @@ def main(argv=None):
     ap.add_argument("--filter")
     ap.add_argument("--set", default="decode,paged")
     a = ap.parse_args(argv)
+    runs = {"decode": run, "paged": run_paged, "fp8": run_fp8}
+    groups = [g.strip() for g in a.set.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in runs]
+    if unknown:
+        raise SystemExit(f"--set: unknown group {unknown[0]!r}; groups: {', '.join(runs)}")
     import torch
     import datetime
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -320,11 +431,11 @@ def main(argv=None):
     except Exception:  # noqa: BLE001
         pass
     tables = []
-    for group in [g.strip() for g in a.set.split(",") if g.strip()]:
-        rows, provs = (run if group == "decode" else run_paged)(a)
+    for group in groups:
+        rows, provs = runs[group](a)
         if a.json:
             merge_json(a.json, group, rows, provs, meta)
-        tables.append(table(rows, provs))
+        tables.append(fp8_table(rows) if group == "fp8" else table(rows, provs))
     print()
     print("\n\n".join(tables))
 

@@ -460,10 +460,13 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             return
         rec["fingerprint"] = fp
         old_rec = old_kernels.get(cfg.name) or {}
-        if "measured" not in rec and old_rec.get("measured") and old_rec.get("fingerprint") == \
+        if "measured" not in rec and old_rec.get("measured") and (
+                old_rec.get("sha256") == rec.get("sha256") or old_rec.get("fingerprint") ==
                 kernel_fingerprint(cfg, src_fp, dsl_version, old_rec.get("ptxas_version"),
-                                   isa_rewrite):
-            rec["measured"] = old_rec["measured"]  # the same PTX: its timings still hold
+                                   isa_rewrite)):
+            # The same cubin (a source change that left this kernel's code alone) or the same
+            # PTX: its timings still hold.
+            rec["measured"] = old_rec["measured"]
         results[cfg.name] = rec
         write_manifest(manifest_path, current_manifest())
         warn = warning_codes(rec.get("ptxas_diagnostics", ()))

@@ -66,24 +66,29 @@ def _compile(cfg_dict: dict, out_ptx: str) -> dict:
         from fa4_aot.kernels.sm90 import kernel_class
 
         Kernel = kernel_class(cfg)
-    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
+    types = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16,
+             "e4m3": cutlass.Float8E4M3FN}
+    dt = types[cfg.dtype]
     hd = cfg.head_dim
 
-    def fake_qkv():
+    def fake_qkv(t):
         # (seqlen, d, heads, batch) with d contiguous; strides are 16-byte aligned.
+        elem = cfg.q_storage if t == "q" else cfg.kv_storage
+        div = 16 // ELEM_BYTES[elem]
         return make_fake_tensor(
-            dt, (cute.sym_int32(), hd, cute.sym_int32(), cute.sym_int32()),
-            (cute.sym_int64(divisibility=8), 1, cute.sym_int64(divisibility=8),
-             cute.sym_int64(divisibility=8)),
+            types[elem], (cute.sym_int32(), hd, cute.sym_int32(), cute.sym_int32()),
+            (cute.sym_int64(divisibility=div), 1, cute.sym_int64(divisibility=div),
+             cute.sym_int64(divisibility=div)),
             assumed_align=16)
 
     from fa4_aot import abi
+    from fa4_aot.abi import ELEM_BYTES
 
     spec = abi.spec_for(cfg)
     problems = abi.check_signature(spec, Kernel.__call__)
     if problems:
         raise RuntimeError("; ".join(problems))
-    args = (*(fake_qkv() for _ in spec.tensors),
+    args = (*(fake_qkv(t) for t in spec.tensors),
             *fake_groups(spec, dt),
             make_fake_stream())
     entry = entry_name(cfg)

@@ -57,7 +57,7 @@ class SeqMode(enum.IntFlag):
 # What a kernel supports beyond plain (batch, seqlen) attention: the manifest's
 # ``launch.capabilities``; the planner refuses a call that needs one its kernel lacks.
 CAPABILITIES = ("varlen", "window", "seqused", "paged", "split_kv", "pack_gqa", "softcap",
-                "trace")
+                "trace", "fp8_kv", "fp8_qkv")
 # The decode kernels load a key block of K/V in TMA boxes of ``kv_box_rows`` keys (a launch
 # value: the whole n tile for contiguous K/V, gcd(page_size, n tile) with paged KV, so that a box
 # never crosses a page); their shared-memory stage is laid out in KV_CHUNK-key pieces, and a box
@@ -109,14 +109,17 @@ class KernelSpec:
         return tuple(a.name for a in self.group(group).args)
 
     def group_types(self) -> dict:
-        """{group name: NamedTuple type} with the spec's field names, in order (one set of
-        types per spec: the kernels' annotations and the build's values must be the same
-        classes)."""
-        types = _GROUP_TYPES.get(self)
-        if types is None:
-            types = _GROUP_TYPES[self] = {
-                g.name: namedtuple(g.name, [a.name for a in g.args]) for g in self.groups}
-        return types
+        """{group name: NamedTuple type} with the spec's field names, in order (one type per
+        group, shared by the specs that have it: the kernels' annotations and the build's
+        values must be the same classes)."""
+        return {g.name: _group_type(g) for g in self.groups}
+
+
+def _group_type(g: Group):
+    t = _GROUP_TYPES.get(g)
+    if t is None:
+        t = _GROUP_TYPES[g] = namedtuple(g.name, [a.name for a in g.args])
+    return t
 
 
 _GROUP_TYPES: dict = {}
@@ -196,6 +199,25 @@ FWD_SM90 = KernelSpec("fwd_sm90", ("q", "k", "v"), (
                       ).args),
 ))
 
+# ------------------------------------------------------------------ FP8 decode, sm_90a
+# The sm_90a forward of e4m3 inputs (KernelConfig.fp8): FWD_SM90 and the descales, FA3's names
+# and meaning: fp32 (batch, heads_k), the dequantized input = the e4m3 value * its descale.
+FWD_SM90_FP8 = KernelSpec("fwd_sm90_fp8", FWD_SM90.tensors, FWD_SM90.groups + (
+    Group("Quant", _ptrs(
+        ("q_descale", "f32", 4, "fp32 (batch, heads_k) descale of an e4m3 q (unused otherwise)"),
+        ("k_descale", "f32", 4, "fp32 (batch, heads_k) descale of the e4m3 k"),
+        ("v_descale", "f32", 4, "fp32 (batch, heads_k) descale of the e4m3 v"),
+    ).args + _scalars("Quant", "i64",
+                      ("q_descale_stride_b", "q_descale stride of the batch axis, elements"),
+                      ("q_descale_stride_h", "q_descale stride of the head axis, elements"),
+                      ("k_descale_stride_b", "k_descale stride of the batch axis, elements"),
+                      ("k_descale_stride_h", "k_descale stride of the head axis, elements"),
+                      ("v_descale_stride_b", "v_descale stride of the batch axis, elements"),
+                      ("v_descale_stride_h", "v_descale stride of the head axis, elements"),
+                      ).args),
+))
+
+
 # ------------------------------------------------------------------ the forward, sm_100a
 def _subset(spec: KernelSpec, group: str, names) -> Group:
     """Group ``group`` of ``spec`` restricted to ``names`` (kept in the spec's order)."""
@@ -229,13 +251,15 @@ COMBINE_SM90 = KernelSpec("combine_sm90", (), (
              ("num_heads", "query heads")),
 ))
 
-SPECS = {s.family: s for s in (FWD_SM90, FWD_SM100, COMBINE_SM90)}
+SPECS = {s.family: s for s in (FWD_SM90, FWD_SM90_FP8, FWD_SM100, COMBINE_SM90)}
 
 
 def spec_for(cfg) -> KernelSpec:
     if cfg.kind == "combine":
         return COMBINE_SM90
-    return FWD_SM90 if cfg.arch == "sm_90a" else FWD_SM100
+    if cfg.arch != "sm_90a":
+        return FWD_SM100
+    return FWD_SM90_FP8 if cfg.fp8 else FWD_SM90
 
 
 LAUNCH_VALUES = {
@@ -255,6 +279,10 @@ _SHAPE_VALUES = {"q": ("q_rows", "num_heads", "q_batch"),
 _SIZES = {"ptr": 8, "i64": 8, "i32": 4, "f32": 4}
 
 
+# Bytes per element of the tensors' storage types (KernelConfig.q_storage / kv_storage).
+ELEM_BYTES = {"bf16": 2, "fp16": 2, "e4m3": 1}
+
+
 def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
     """(box elements along d, swizzle) of the TMA loads: the widest swizzle (128/64/32 bytes)
     whose row divides head_dim — the shared-memory layout atom the CuTe DSL picks for a
@@ -266,19 +294,22 @@ def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
 
 
 def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n: int,
-               kv_l2_promotion: str = "256B") -> list[dict]:
+               kv_l2_promotion: str = "256B", storage: dict | None = None) -> list[dict]:
     """The kernel's PTX parameters, in order, as manifest records. ``tile_m``/``tile_n``: rows
     of the Q and K/V TMA boxes, an int or the name of a launch value (the decode kernels' K/V
     box, ``kv_box_rows``: the runtime encodes the descriptor with that value).
     ``kv_l2_promotion``: the L2 promotion of the K/V descriptors (what L2 fetches from DRAM on
-    a miss; see :func:`launch_record`)."""
-    box_inner, swz = head_dim_swizzle(head_dim)  # d is loaded in box_inner-wide chunks
+    a miss; see :func:`launch_record`). ``storage``: element type per tensor where it is not
+    ``dtype`` (FP8: ``{"k": "e4m3", ...}``)."""
     params = []
     for t in spec.tensors:
         rows = tile_m if t == "q" else tile_n
+        elem = (storage or {}).get(t, dtype)
+        # d is loaded in box_inner-wide chunks
+        box_inner, swz = head_dim_swizzle(head_dim, ELEM_BYTES[elem])
         params.append({
             "name": f"tma_{t}", "kind": "tensormap", "size": 128, "align": 64, "tensor": t,
-            "dtype": dtype, "dims": ["d", "s", "h", "b"], "box": [box_inner, rows, 1, 1],
+            "dtype": elem, "dims": ["d", "s", "h", "b"], "box": [box_inner, rows, 1, 1],
             "swizzle": swz, "interleave": "none",
             "l2_promotion": "256B" if t == "q" else kv_l2_promotion, "oob_fill": "zero"})
         params.append({"name": f"{t}_shape", "kind": "i32_tuple", "size": 12, "align": 4,
@@ -308,7 +339,9 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
         # they do not read (docs/design.md#tile-choices). Prefill: left at 256.
         "params": ptx_params(spec, cfg.dtype, cfg.head_dim, t.m,
                              "kv_box_rows" if cfg.decode else t.n,
-                             kv_l2_promotion="128B" if cfg.decode else "256B"),
+                             kv_l2_promotion="128B" if cfg.decode else "256B",
+                             storage={"q": cfg.q_storage, "k": cfg.kv_storage,
+                                      "v": cfg.kv_storage} if cfg.kind == "fwd" else None),
         "block": [cfg.threads, 1, 1],
         "cluster": [1, 1, 1],
         "dynamic_smem_bytes": dynamic_smem_bytes,
@@ -335,6 +368,8 @@ def capabilities(cfg) -> list[str]:
         caps |= {"paged", "split_kv", "pack_gqa", "softcap"}
     if cfg.softcap:
         caps.add("softcap")
+    if cfg.fp8:
+        caps.add("fp8_" + cfg.fp8)
     if cfg.trace:
         caps.add("trace")
     return [c for c in CAPABILITIES if c in caps]

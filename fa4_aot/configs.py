@@ -16,6 +16,10 @@ from typing import Iterable
 
 ARCHS = ("sm_90a", "sm_100a")
 DTYPES = ("bf16", "fp16")
+# FP8 (e4m3) storage of the decode kernels' inputs (``KernelConfig.fp8``): "kv" = an e4m3 K/V
+# cache with a 16-bit q, "qkv" = q, k and v in e4m3. The MMAs and the output stay in ``dtype``
+# (bf16): each e4m3 tile is converted to bf16 in shared memory, multiplied by its descale.
+FP8_MODES = ("kv", "qkv")
 # Tile schedulers per architecture. sm_90a: one CTA per tile, static persistent, work stealing
 # through a global atomic counter. sm_100a: static persistent, work stealing through cluster
 # launch control (CLC try_cancel). The shared interface is fa4_aot/kernels/tile_sched.py.
@@ -142,6 +146,12 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=Tr
                 192: Tile(m=64, n=64, kv_stages=2, pingpong=False),
                 256: Tile(m=64, n=80, kv_stages=2, pingpong=False)}
 
+# The FP8 decode kernels (``KernelConfig.fp8``): e4m3 stages are half as large, so twice the
+# stages keep the same bytes in flight where shared memory (the stages, the bf16 K and V the
+# MMAs read, Q) allows; hd256 has room for two only.
+FP8_DECODE_TILES = {hd: dataclasses.replace(DECODE_TILES[hd], kv_stages=s)
+                    for hd, s in ((64, 6), (128, 6), (256, 2))}
+
 # The decode kernels with the 128-row tile (``KernelConfig.wide``: paged KV or forced splits
 # with many packed rows, such as chunked prefill over a paged cache): the 128-row prefill tiles,
 # with a third K/V stage at head_dim 128 (the paged loads then issue K and V in one pass).
@@ -180,6 +190,8 @@ class KernelConfig:
     m128: bool = False
     # The wide-n alternative (TILES_LONG_KV) of a causal prefill kernel, for long key ranges.
     long_kv: bool = False
+    # "" or one of FP8_MODES: which inputs the decode kernel reads as e4m3 (with descales).
+    fp8: str = ""
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -207,6 +219,10 @@ class KernelConfig:
                              or self.head_dim not in TILES_LONG_KV.get(self.arch, {})):
             raise ValueError(f"long_kv is the wide-n alternative of the causal prefill kernels "
                              f"{sorted(TILES_LONG_KV.get(self.arch, {}))} on {self.arch}")
+        if self.fp8 and (self.fp8 not in FP8_MODES or not self.decode or self.wide
+                         or self.dtype != "bf16" or self.head_dim not in FP8_DECODE_TILES):
+            raise ValueError(f"fp8 must be one of {FP8_MODES}, on the bf16 64-row decode "
+                             f"kernels of head dims {tuple(FP8_DECODE_TILES)}; got {self.fp8!r}")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
@@ -216,6 +232,8 @@ class KernelConfig:
         """The tile of (arch, head_dim): TILES; DECODE_TILES / DECODE_WIDE_TILES for the
         decode kernels; TILES_M128 for ``m128``; TILES_LONG_KV for ``long_kv``; TILES_WIDE_N,
         where it has the head dim, for the non-causal, non-local kernels."""
+        if self.fp8:
+            return FP8_DECODE_TILES[self.head_dim]
         if self.decode:
             return (DECODE_WIDE_TILES if self.wide else DECODE_TILES)[self.head_dim]
         if self.m128:
@@ -226,6 +244,16 @@ class KernelConfig:
         if wide_n and not (self.causal or self.local):
             return wide_n
         return TILES[self.arch][self.head_dim]
+
+    @property
+    def q_storage(self) -> str:
+        """The element type of q in global memory: ``dtype``, or "e4m3"."""
+        return "e4m3" if self.fp8 == "qkv" else self.dtype
+
+    @property
+    def kv_storage(self) -> str:
+        """The element type of k and v in global memory: ``dtype``, or "e4m3"."""
+        return "e4m3" if self.fp8 else self.dtype
 
     @property
     def threads(self) -> int:
@@ -245,6 +273,7 @@ class KernelConfig:
         )
         name += "_softcap" if self.softcap else ""
         name += "_decode" if self.decode else ""
+        name += f"_e4m3{self.fp8}" if self.fp8 else ""
         name += "_trace" if self.trace else ""
         return name
 
@@ -253,7 +282,7 @@ class KernelConfig:
         """What the runtime selects on (everything but the tile, which follows from it)."""
         return (self.arch, self.dtype, self.head_dim, self.causal, self.local, self.scheduler,
                 self.trace, self.softcap, self.decode, self.wide, self.kind, self.m128,
-                self.long_kv)
+                self.long_kv, self.fp8)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -299,6 +328,12 @@ def _space() -> Iterable[KernelConfig]:
                     yield KernelConfig("sm_90a", dtype, hd, causal, "steal", local=local,
                                        decode=True, wide=wide)
             yield KernelConfig("sm_90a", dtype, hd, False, "single", kind="combine")
+    # FP8 decode kernels (e4m3 K/V; e4m3 q too), the 64-row tile: the serving decode step.
+    for fp8 in FP8_MODES:
+        for hd in FP8_DECODE_TILES:
+            for causal, local in ((False, False), (True, False), (False, True)):
+                yield KernelConfig("sm_90a", "bf16", hd, causal, "steal", local=local,
+                                   decode=True, fp8=fp8)
     # Schedule-trace variants (record per tile: SM, CTA, start, end), not in the fast path.
     for sched in SCHEDULERS_BY_ARCH["sm_90a"]:
         yield KernelConfig("sm_90a", "bf16", 128, True, sched, trace=True)

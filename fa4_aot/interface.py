@@ -52,7 +52,7 @@ LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch poo
 
 # The per-call addresses, in the order _Entry.run hands them to the launchers.
 SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace", "seqused_q",
-         "seqused_k", "page_table", "oacc", "lseacc")
+         "seqused_k", "page_table", "oacc", "lseacc", "q_descale", "k_descale", "v_descale")
 
 if torch is not None:
     _float32 = torch.float32
@@ -179,8 +179,8 @@ class _Entry:
     pointer into a buffer the pool may replace) nor inside the torch op (torch.compile's
     CUDA-graph trees reject a warm-up allocation that outlives the run): then per call."""
 
-    __slots__ = ("plan", "out_shape", "lse_shape", "mode", "launchers", "varlen", "total_q",
-                 "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
+    __slots__ = ("plan", "out_shape", "out_dtype", "lse_shape", "mode", "launchers", "varlen",
+                 "total_q", "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
                  "scratch_shapes", "pool_key", "pool", "pooled")
 
     def _scratch(self, q, want_lse):
@@ -218,11 +218,12 @@ class _Entry:
         self.pool, self.pooled = buf, views
         return buf, views
 
-    def run(self, q, out, want_lse, ptrs):
+    def run(self, q, out, want_lse, ptrs, descales=None):
         """``ptrs``: (q, k, v data pointers, cu_seqlens_q, cu_seqlens_k, trace, seqused_q,
-        seqused_k, page_table) of this call."""
+        seqused_k, page_table) of this call; ``descales``: (q, k, v descales) of an FP8 call."""
         if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
-            out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
+            out = (torch.empty_like(q) if self.out_like_q
+                   else q.new_empty(self.out_shape, dtype=self.out_dtype))
         if self.mode:
             lse = q.new_empty(self.lse_shape, dtype=_float32)
             if self.mode == _planner.ZERO_FILL:
@@ -242,6 +243,8 @@ class _Entry:
                  0 if table is None else table.data_ptr(),
                  0 if acc is None else acc[0].data_ptr(),
                  0 if acc is None else acc[1].data_ptr())
+        if descales is not None:
+            addrs += tuple(0 if t is None else t.data_ptr() for t in descales)
         for launcher in self.launchers:
             launcher(addrs)
         return out, lse
@@ -251,16 +254,18 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     c, q, device = p.call, a.q, a.q.device
     e = _Entry()
     e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
+    e.out_dtype = validate.out_dtype(q)
     e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
     e.max_q, e.max_k = a.max_seqlen_q, a.max_seqlen_k
     e.acc_shapes = p.acc_shapes
     # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
     # contiguous tensor of the output's shape
-    e.out_like_q = q.is_contiguous() and tuple(q.shape[-3:]) == p.out_shape[-3:]
+    e.out_like_q = (q.is_contiguous() and tuple(q.shape[-3:]) == p.out_shape[-3:]
+                    and e.out_dtype == q.dtype)
     e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
     e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
     e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
-    views = {name: TensorView(view[0], view[1], c.elem_bytes, t.data_ptr(), name)
+    views = {name: TensorView(view[0], view[1], t.element_size(), t.data_ptr(), name)
              for name, view, t in (("q", c.q, q), ("k", c.k, a.k), ("v", c.v, a.v))}
     launchers, launches = [], []
     for kl in p.launches:
@@ -304,7 +309,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
               return_lse: bool = False, scheduler: str = "auto", *, window_size=_NO_WINDOW,
               softcap: float = 0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, seqused_q=None, seqused_k=None, page_table=None,
-              num_splits=None, out=None, _trace=None):
+              num_splits=None, out=None, q_descale=None, k_descale=None, v_descale=None,
+              _trace=None):
     """Attention forward (FlashAttention argument names and conventions). Forward only.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_k, head_dim), heads a
@@ -330,12 +336,22 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     packed with cu_seqlens_q: chunked prefill). ``num_splits``: split-KV count (None =
     automatic, :func:`fa4_aot.plan.choose_num_splits`; 1 = no split). Calls whose
     seqlen_q * (heads // heads_k) <= 128, paged calls and calls with num_splits > 1 run on
-    the decode kernels (packed GQA + split-KV, sm_90a)."""
+    the decode kernels (packed GQA + split-KV, sm_90a).
+
+    FP8 (sm_90a, FA3's convention): k and v in ``torch.float8_e4m3fn`` with ``k_descale`` and
+    ``v_descale``, q in bfloat16, or in float8_e4m3fn with ``q_descale``; each descale fp32
+    (batch, heads_k) (any strides: an expanded per-layer scalar too), the dequantized input
+    being the e4m3 value times its descale. The output is bfloat16. These run on the FP8
+    decode kernels (paged, split-KV, varlen, windows, softcap alike), made for decode and
+    chunked prefill over an e4m3 KV cache; head_dim 64, 128 or 256."""
     a = None
+    descales = None
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        descales = (q_descale, k_descale, v_descale)
     if _is_compiling():
         a = Args(q, k, v, causal, softmax_scale, scheduler, window_size, softcap, cu_seqlens_q,
                  cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table,
-                 num_splits, out, _trace)
+                 num_splits, out, _trace, q_descale, k_descale, v_descale)
         res = _traced(a)
         if res is not None:
             return res if return_lse else res[0]
@@ -364,14 +380,16 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                    None if (num_splits is None and seqused_q is None and seqused_k is None
                             and page_table is None) else (
                        num_splits, num_splits.__class__, _tkey(seqused_q), _tkey(seqused_k),
-                       _tkey(page_table)))
+                       _tkey(page_table)),
+                   None if descales is None else tuple(_tkey(t) for t in descales))
             e = _tls.memo.get(key)
     except Exception:  # noqa: BLE001 - whatever it is, the validation names it
         e = key = None
     if e is None:
         e = _prepare(a or Args(q, k, v, causal, softmax_scale, scheduler, window_size, softcap,
                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               seqused_q, seqused_k, page_table, num_splits, out, _trace), key)
+                               seqused_q, seqused_k, page_table, num_splits, out, _trace,
+                               q_descale, k_descale, v_descale), key)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if (qp | kp | vp) & 15 or (out is not None and out.data_ptr() & 15):
         bad = Args(q, k, v, causal, softmax_scale, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
@@ -381,7 +399,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise forward_only()
     o, lse = e.run(q, out, return_lse, (qp, kp, vp, cu_seqlens_q, cu_seqlens_k, _trace,
-                                        seqused_q, seqused_k, page_table))
+                                        seqused_q, seqused_k, page_table), descales)
     return (o, lse) if return_lse else o
 
 
@@ -396,7 +414,8 @@ def _traced(a: Args):
     if a.out is not None or a.trace is not None:
         return None
     return torch.ops.fa4_aot.fwd(
-        a.q, a.k, a.v, [a.cu_seqlens_q, a.cu_seqlens_k, a.seqused_q, a.seqused_k, a.page_table],
+        a.q, a.k, a.v, [a.cu_seqlens_q, a.cu_seqlens_k, a.seqused_q, a.seqused_k, a.page_table,
+                        a.q_descale, a.k_descale, a.v_descale],
         [a.max_seqlen_q or 0, a.max_seqlen_k or 0, left if local else -1,
          right if local else -1, a.num_splits or 0],
         a.causal, a.softmax_scale, a.scheduler, float(a.softcap))
@@ -404,11 +423,13 @@ def _traced(a: Args):
 
 def forward(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap=0.0):
     """``torch.ops.fa4_aot.fwd``'s implementation (fa4_aot/ops.py): ``tensors`` =
-    [cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table] (None where absent),
+    [cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, q_descale, k_descale,
+    v_descale] (None where absent; the descales may be left off),
     ``sizes`` = [max_seqlen_q, max_seqlen_k, window_left, window_right, num_splits] (max_seqlen
     0 without varlen, -1 = unbounded window side, num_splits 0 = automatic). Returns
     (out, lse)."""
-    cu_q, cu_k, used_q, used_k, table = tensors
+    cu_q, cu_k, used_q, used_k, table = tensors[:5]
+    qd, kd, vd = (*tensors[5:8], None, None, None)[:3]  # the descales may be left off
     max_q, max_k, left, right, splits = sizes
     if cu_q is None and cu_k is None:
         max_q = max_k = None
@@ -420,6 +441,7 @@ def forward(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap=0
         return attention(q, k, v, causal, softmax_scale, True, scheduler, window_size=window,
                          softcap=softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                          max_seqlen_q=max_q, max_seqlen_k=max_k, seqused_q=used_q,
-                         seqused_k=used_k, page_table=table, num_splits=splits or None)
+                         seqused_k=used_k, page_table=table, num_splits=splits or None,
+                         q_descale=qd, k_descale=kd, v_descale=vd)
     finally:
         _tls.in_op = False

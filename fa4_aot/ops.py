@@ -3,7 +3,7 @@ implementation, so ``torch.compile(fullgraph=True)`` traces models that call
 :func:`fa4_aot.attention` and CUDA graphs capture it like any other op.
 
 Arguments: q, k, v; ``tensors`` = [cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-page_table] (None where absent); ``sizes`` = [max_seqlen_q, max_seqlen_k, window_left,
+page_table, q_descale, k_descale, v_descale] (None where absent); ``sizes`` = [max_seqlen_q, max_seqlen_k, window_left,
 window_right, num_splits] (0 without varlen, -1 = unbounded, 0 = automatic); causal,
 softmax_scale, scheduler, softcap.
 
@@ -34,7 +34,8 @@ _lib.impl("fwd", torch.library.fallthrough_kernel, "Autograd")
 def _(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise forward_only()
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format,
+                           dtype=torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype)
     if tensors[0] is not None:  # cu_seqlens_q: packed q
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:

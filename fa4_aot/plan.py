@@ -34,8 +34,8 @@ class CallSpec(NamedTuple):
     Tensors appear as (shape, element strides) of the 4-D (batch, seqlen, heads, d) views the
     kernels see (varlen: batch 1, the packed total as seqlen)."""
 
-    dtype: str  # "bf16" / "fp16"
-    elem_bytes: int
+    dtype: str  # "bf16" / "fp16": the MMAs' and the output's
+    elem_bytes: int  # of k and v
     q: tuple  # (shape, stride)
     k: tuple  # paged: the cache (num_pages, page_size, heads_k, d)
     v: tuple
@@ -59,6 +59,8 @@ class CallSpec(NamedTuple):
     seqused_q: bool = False
     seqused_k: bool = False
     page_table: tuple | None = None  # (shape, stride) of the page table: paged KV
+    fp8: str = ""  # e4m3 inputs (configs.FP8_MODES): "kv", "qkv"
+    descales: tuple = ()  # FP8: the (batch, heads_k) strides of q/k/v_descale (None: absent)
 
     @property
     def paged(self) -> bool:
@@ -193,6 +195,10 @@ def prefer_m128(tall_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: 
 
 # ------------------------------------------------------------------------------ kernel choice
 # Each rule: (call, device, resolved scheduler) -> bool.
+def _fp8(c, dev, sched):
+    return bool(c.fp8)
+
+
 def _paged_or_split(c, dev, sched):
     return c.paged or (c.num_splits or 1) > 1
 
@@ -244,6 +250,8 @@ class Row(NamedTuple):
 # The kernel-choice table (docs/design.md#kernel-choice): the first row whose rules hold picks
 # the kernel form, looked up once in the manifest.
 KERNEL_CHOICE = (
+    Row("decode", (_fp8,), False,
+        "e4m3 inputs exist only in the 64-row FP8 decode kernels (docs/design.md#fp8)"),
     Row("decode_wide", (_paged_or_split, _wide_rows), False,
         "paged/split-KV exist only in the decode kernels; > 64 packed rows: the 128-row form "
         "(docs/design.md#kernel-choice)"),
@@ -279,8 +287,9 @@ def _lookup(manifest, form: str, c: CallSpec, arch: str, sched: str):
         if arch != "sm_90a":
             raise ValueError(f"num_splits > 1, paged KV and the decode kernels exist on sm_90a "
                              f"only; this device is {arch}")
+        kw = {"fp8": c.fp8} if c.fp8 else {}
         return manifest.find(arch, c.dtype, c.head_dim, c.causal, "steal", local=c.local,
-                             decode=True, wide=form == "decode_wide")
+                             decode=True, wide=form == "decode_wide", **kw)
     if form == "m128":
         return manifest.find(arch, c.dtype, c.head_dim, c.causal, sched, m128=True)
     if form == "long_kv":
@@ -356,7 +365,19 @@ def _seq_mode(c: CallSpec, packed_k: bool, compact: bool) -> int:
 
 def _needed_capabilities(c: CallSpec) -> set:
     return {cap for cap, on in (("varlen", c.varlen), ("window", c.local),
-                                ("seqused", c.seqused_q or c.seqused_k)) if on}
+                                ("seqused", c.seqused_q or c.seqused_k),
+                                ("fp8_" + c.fp8, bool(c.fp8))) if on}
+
+
+def _descale_values(descales) -> dict:
+    """The Quant group (abi.FWD_SM90_FP8): each descale's address slot and (batch, head)
+    strides; an absent one (q_descale with a bf16 q) is a null pointer."""
+    values = {}
+    for x, strides in zip("qkv", descales):
+        name = f"{x}_descale"
+        values[name] = PerCall(name) if strides is not None else 0
+        values[f"{name}_stride_b"], values[f"{name}_stride_h"] = strides or (0, 0)
+    return values
 
 
 def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
@@ -375,9 +396,10 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
     form, name, rec = choose_kernel(c, manifest, device)
     decode = form.startswith("decode")
     launch = rec["launch"]
-    if _needed_capabilities(c) - set(launch["capabilities"]):
-        raise ValueError(f"varlen, window_size and seqused_q/k are not supported by the "
-                         f"{rec['arch']} kernels")
+    missing = _needed_capabilities(c) - set(launch["capabilities"])
+    if missing:
+        raise ValueError(f"{', '.join(sorted(missing))}: not supported by the {rec['arch']} "
+                         f"kernels (varlen, window_size, seqused_q/k, FP8 inputs)")
     tile_m, tile_n = launch["tile"]["m"], launch["tile"]["n"]
     sms = device.num_sms
     compact = False
@@ -439,6 +461,8 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
         # decode K/V TMA box: a key block, or with pages the largest box dividing block and page
         "kv_box_rows": math.gcd(k_rows, tile_n) if c.paged else tile_n,
     }
+    if c.fp8:
+        values.update(_descale_values(c.descales))
     grid = (grid_size(launch["grid"], num_tiles, sms), 1, 1)
     launches = [KernelLaunch(name, rec, grid, values)]
     acc_shapes = ()

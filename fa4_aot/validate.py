@@ -5,9 +5,11 @@ call. Run once per memo miss, and once when torch.compile traces a call (:func:`
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 from .abi import KV_CHUNK
+from .configs import FP8_DECODE_TILES
 from .plan import MAX_SPLITS, CallSpec, contiguous_strides, resolve_scheduler
 
 try:
@@ -16,6 +18,9 @@ except ImportError:  # the build imports fa4_aot without torch
     torch = None
 
 DTYPE_NAMES = {}  # torch dtype -> "bf16" / "fp16" (filled on first use)
+# FP8 calls run only with FA4_AOT_EXPERIMENTAL_FP8=1 until the FP8 kernels have passed their GPU
+# tests (tests/test_gpu_fp8.py; docs/design.md#fp8): they were built without a GPU at hand.
+FP8_ENV = "FA4_AOT_EXPERIMENTAL_FP8"
 
 
 class Args(NamedTuple):
@@ -40,6 +45,9 @@ class Args(NamedTuple):
     num_splits: object = None
     out: object = None
     trace: object = None
+    q_descale: object = None
+    k_descale: object = None
+    v_descale: object = None
 
     @property
     def varlen(self) -> bool:
@@ -47,9 +55,19 @@ class Args(NamedTuple):
 
 
 def dtype_names() -> dict:
+    """The 16-bit input dtypes and their names (the MMA and output types)."""
     if not DTYPE_NAMES:
         DTYPE_NAMES.update({torch.bfloat16: "bf16", torch.float16: "fp16"})
     return DTYPE_NAMES
+
+
+def is_fp8(t) -> bool:
+    return t.dtype == torch.float8_e4m3fn
+
+
+def out_dtype(q):
+    """The output dtype of a call: q's, bf16 for an e4m3 q."""
+    return torch.bfloat16 if is_fp8(q) else q.dtype
 
 
 def check_tensor(name, t, rank=4, layout="(batch, seqlen, heads, head_dim)"):
@@ -57,8 +75,9 @@ def check_tensor(name, t, rank=4, layout="(batch, seqlen, heads, head_dim)"):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != rank:
         raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in dtype_names():
-        raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+    if t.dtype not in dtype_names() and t.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"{name} must be bfloat16 or float16 (or float8_e4m3fn with "
+                        f"descales), got {t.dtype}")
     if t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (head_dim); "
                          f"got stride {t.stride(-1)}")
@@ -81,7 +100,11 @@ def check_qkv(a: Args):
             check_tensor(name, t, 4, "(num_pages, page_size, heads_k, head_dim) with page_table")
         else:
             check_tensor(name, t, rank, layout)
-    if not (q.dtype == k.dtype == v.dtype):
+    if is_fp8(k) or is_fp8(q):  # an e4m3 KV cache with a bf16 or e4m3 q
+        if not (is_fp8(k) and is_fp8(v) and q.dtype in (torch.bfloat16, torch.float8_e4m3fn)):
+            raise TypeError(f"FP8 calls take float8_e4m3fn k and v with a bfloat16 or "
+                            f"float8_e4m3fn q; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    elif not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on the same device; got {q.device}, {k.device}, {v.device}")
@@ -232,15 +255,54 @@ def window(window_size, causal):
     return True, left, right
 
 
+def check_descales(a: Args, batch: int):
+    """q_descale / k_descale / v_descale (FA3's): fp32 (batch, heads_k) on q's device, any
+    strides (an expanded scalar too), given exactly for the e4m3 inputs; and what the FP8
+    kernels support. Their values are not read on the host."""
+    fp8_q, fp8_kv = is_fp8(a.q), is_fp8(a.k)
+    hk = a.k.shape[-2]
+    for name, t, e4m3 in (("q_descale", a.q_descale, fp8_q), ("k_descale", a.k_descale, fp8_kv),
+                          ("v_descale", a.v_descale, fp8_kv)):
+        x = name[0]
+        if t is None:
+            if e4m3:
+                raise ValueError(f"{name} is required with a float8_e4m3fn {x}: fp32 "
+                                 f"(batch, heads_k), the dequantized {x} = {x} * {name}")
+            continue
+        if not e4m3:
+            raise ValueError(f"{name} applies to a float8_e4m3fn {x}; {x} is "
+                             f"{getattr(a, x).dtype}")
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise TypeError(f"{name} must be a float32 tensor (batch, heads_k), got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.device != a.q.device:
+            raise ValueError(f"{name} must be on {a.q.device} (the kernel reads it), got "
+                             f"{t.device}")
+        if tuple(t.shape) != (batch, hk):
+            raise ValueError(f"{name} must have shape (batch, heads_k) = ({batch}, {hk}), got "
+                             f"{tuple(t.shape)}")
+    if fp8_kv:
+        if os.environ.get(FP8_ENV, "").strip() in ("", "0"):
+            raise NotImplementedError(
+                f"FP8 inputs: the FP8 kernels are built but have not yet been validated on a "
+                f"GPU; set {FP8_ENV}=1 to run them anyway (docs/design.md#fp8)")
+        d = a.q.shape[-1]
+        if d not in FP8_DECODE_TILES:
+            raise ValueError(f"FP8 kernels exist for head_dim {tuple(FP8_DECODE_TILES)}, got {d}")
+        if a.trace is not None or a.scheduler not in ("auto", "steal"):
+            raise ValueError("FP8 calls run on the work-stealing decode kernels: scheduler must "
+                             f"be 'auto' or 'steal' and no _trace; got {a.scheduler!r}")
+
+
 def check_out(out, q):
     if out is not None and not (
-            isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+            isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == out_dtype(q)
             and out.device == q.device and out.stride(-1) == 1
             and all(out.stride(i) % 8 == 0 for i in range(out.dim() - 1))
             and (torch.compiler.is_compiling() or out.data_ptr() % 16 == 0)):
-        raise ValueError("out must be a tensor with q's shape, dtype and device, a contiguous last "
-                         "dim and 16-byte aligned strides and data pointer; got "
-                         f"{getattr(out, 'shape', out)!r}")
+        raise ValueError(f"out must be a tensor with q's shape and device, dtype {out_dtype(q)}, "
+                         "a contiguous last dim and 16-byte aligned strides and data pointer; "
+                         f"got {getattr(out, 'shape', out)!r} {getattr(out, 'dtype', '')}")
 
 
 def forward_only():
@@ -259,7 +321,9 @@ def check(a: Args, device_type: str = "cuda"):
         check_varlen_args(a)
     elif a.max_seqlen_q is not None or a.max_seqlen_k is not None:
         raise ValueError("max_seqlen_q/k are only for varlen (with cu_seqlens_q/k)")
-    check_serving_args(a, (a.cu_seqlens_q.numel() - 1) if a.varlen else a.q.shape[0])
+    batch = (a.cu_seqlens_q.numel() - 1) if a.varlen else a.q.shape[0]
+    check_serving_args(a, batch)
+    check_descales(a, batch)
     local, left, right = window(a.window_size, a.causal)
     resolve_scheduler(a.scheduler)  # validate the name before any GPU work
     if a.q.device.type != device_type:
@@ -292,8 +356,10 @@ def call_spec(a: Args, device_type: str = "cuda") -> CallSpec:
     else:
         out_view = (tuple(q4.shape), contiguous_strides(tuple(q4.shape)))
     scale = a.softmax_scale
+    descales = tuple(None if t is None else t.stride()
+                     for t in (a.q_descale, a.k_descale, a.v_descale))
     return CallSpec(
-        dtype=dtype_names()[q.dtype], elem_bytes=q.element_size(),
+        dtype=dtype_names().get(q.dtype, "bf16"), elem_bytes=k.element_size(),
         q=(tuple(q4.shape), q4.stride()), k=(tuple(k4.shape), k4.stride()),
         v=(tuple(v4.shape), v4.stride()), out=out_view, varlen=a.varlen, batch=b,
         seqlen_q=sq, seqlen_k=sk, heads=h, heads_k=k.shape[-2], head_dim=d,
@@ -303,4 +369,6 @@ def call_spec(a: Args, device_type: str = "cuda") -> CallSpec:
         softcap=float(a.softcap), scheduler=a.scheduler, trace=a.trace is not None,
         num_splits=a.num_splits, seqused_q=a.seqused_q is not None,
         seqused_k=a.seqused_k is not None,
-        page_table=(tuple(table.shape), table.stride()) if table is not None else None)
+        page_table=(tuple(table.shape), table.stride()) if table is not None else None,
+        fp8=("qkv" if is_fp8(q) else "kv") if is_fp8(k) else "",
+        descales=descales if is_fp8(k) else ())

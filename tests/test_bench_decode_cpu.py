@@ -65,3 +65,22 @@ def test_decode_meta_survives_a_prefill_merge(tmp_path):
     assert doc["meta"]["device"] == "prefill run"
     assert doc["meta"]["group_meta"]["paged"] == {"device": "decode run"}
     assert doc["meta"]["group_meta"]["decode"]["command"].startswith("python bench/bench_decode.py")
+
+
+def test_fp8_group_rows_and_table():
+    """The fp8 group (issue 54): every case has its bf16 twin; the table shows the speedup and
+    the _scaled_mm limit row."""
+    assert {c[0] for c in bd.FP8_CASES} >= {"decode B32 sk8k 32/8", "decode B32 sk8k 32/8 page16"}
+    assert bd.kv_bytes(32, 8192, 8, elem=1) * 2 == bd.kv_bytes(32, 8192, 8)
+    rows = [{"group": "fp8", "label": "decode B32 sk8k 32/8", "case": {},
+             "providers": {"fa4_aot": {"us": 100.0, "tb_s": 5.0}, "bf16": {"us": 180.0}},
+             "speedup": 1.8},
+            {"group": "fp8", "label": "limit: torch._scaled_mm e4m3 8192^3", "case": {},
+             "providers": {"scaled_mm": {"tflops": 1300.0}}}]
+    text = bd.fp8_table(rows)
+    assert "1.80x" in text and "1300 TFLOP/s" in text
+
+
+def test_unknown_group_is_refused():
+    with pytest.raises(SystemExit, match="unknown group 'nope'"):
+        bd.main(["--set", "decode,nope"])

@@ -42,6 +42,21 @@ def test_one_configuration_end_to_end(tmp_path):
     assert "1 up to date, 0 to build" in r2.stdout
 
 
+def test_measured_timings_survive_a_rebuild_to_the_same_cubin(tmp_path):
+    """A source change that leaves a kernel's cubin as it was (a new configuration elsewhere)
+    keeps its ``measured`` ptxas timings; they belong to the binary, not to the fingerprint."""
+    name = "fwd_sm_90a_fp16_hd64_full_single_m192n128s4"
+    rec = dict(COMMITTED["kernels"][name], fingerprint="stale",
+               measured={"chosen": "13.1.115", "reason": "fastest"})
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {**{k: v for k, v in COMMITTED.items() if k != "kernels"}, "kernels": {name: rec}}))
+    r = _build("--ptxas", "13.1", "--out", str(tmp_path), "--only", f"^{name}$", "--jobs", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    new = json.loads((tmp_path / "manifest.json").read_text())["kernels"][name]
+    assert new["fingerprint"] != "stale" and new["sha256"] == rec["sha256"]
+    assert new["measured"] == rec["measured"]
+
+
 def test_unknown_ptxas_lists_valid_versions(tmp_path):
     r = _build("--ptxas", "11.8", "--out", str(tmp_path), "--only", "nothing")
     assert r.returncode == 2

@@ -156,7 +156,7 @@ def test_capabilities_come_from_the_record():
         return name, dict(rec, launch=launch)
     man.find = find
     plan(spec(), man, H200)  # needs nothing
-    with pytest.raises(ValueError, match="varlen, window_size and seqused_q/k are not supported"):
+    with pytest.raises(ValueError, match="varlen: not supported by the sm_90a kernels"):
         plan(spec(docs=[100, 200]), man, H200)
 
 

@@ -77,6 +77,11 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
     def __init__(self, cfg: KernelConfig):
         self.cfg = cfg
         self.dtype = DTYPES[cfg.dtype]
+        # Element types of q and k/v in global memory and in the K/V stages: e4m3 in the FP8
+        # kernels (cfg.fp8), whose MMA warpgroups convert each K/V stage to ``dtype``.
+        self.q_dtype = DTYPES[cfg.q_storage]
+        self.kv_dtype = DTYPES[cfg.kv_storage]
+        self.convert_kv = bool(cfg.fp8)
         self.hd = cfg.head_dim
         self.tile_m = cfg.tile.m
         self.tile_n = cfg.tile.n
@@ -116,7 +121,10 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         self.lazy_ref = False
 
     # ------------------------------------------------------------------ static pieces
-    def _mmas_and_layouts(self, kv_rows=None):
+    def _mmas_and_layouts(self, kv_rows=None, kv_dtype=None, stages=None):
+        """The MMAs and the shared-memory layouts of Q, K and V (K and V in ``kv_dtype`` with
+        ``stages`` stages: by default ``dtype``, kv_stages, one stage for a TMA box of
+        ``kv_rows`` keys)."""
         dt = self.dtype
         kv_rows = kv_rows or self.tile_n
         qk_tiler = (self.tile_m, kv_rows, self.hd)
@@ -130,10 +138,21 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
         )
         sQ = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.q_stages)
-        stages = self.kv_stages if kv_rows == self.tile_n else 1
-        sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt, stages)
-        sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt, stages)
+        if stages is None:
+            stages = self.kv_stages if kv_rows == self.tile_n else 1
+        kd = kv_dtype or dt
+        sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, kd, stages)
+        sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, kd, stages)
         return mma_qk, mma_pv, sQ, sK, sV
+
+    def _stage_layouts(self):
+        """(sK, sV): the K/V stages the producer's TMA fills (``kv_dtype``, kv_stages) and, with
+        ``convert_kv``, the one bf16 K and V buffer each stage is converted into (else None)."""
+        _, _, _, sK, sV = self._mmas_and_layouts(kv_dtype=self.kv_dtype)
+        if cutlass.const_expr(not self.convert_kv):
+            return (sK, sV), None
+        _, _, _, cK, cV = self._mmas_and_layouts(stages=1)
+        return (sK, sV), (cK, cV)
 
     # ------------------------------------------------------------------ host side (trace only)
     @cute.jit
@@ -149,8 +168,15 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         redo: Redo,
         stream,
     ):
+        self.launch(mQ, mK, mV, (ptrs, strides, shape, softmax, redo), stream)
+
+    @cute.jit
+    def launch(self, mQ, mK, mV, groups, stream):
+        """The launch of ``__call__`` (traced): ``groups`` are its launch-ABI groups, in the
+        spec's order (FWD_SM90; FWD_SM90_FP8 adds Quant)."""
         dt = self.dtype
-        _, _, sQ_layout, sK_layout, sV_layout = self._mmas_and_layouts()
+        _, _, sQ_layout, _, _ = self._mmas_and_layouts()
+        (sK_layout, sV_layout), conv_layouts = self._stage_layouts()
         # V seen as (d, seqlen_k, kv_heads, batch): the MN-major B operand of O += P V.
         mVt = cute.make_tensor(
             mV.iterator,
@@ -160,16 +186,25 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             ),
         )
         g2s = cpasync.CopyBulkTensorTileG2SOp()
+        # The Q box in q's own element type (an e4m3 q is loaded by the MMA warpgroups, never
+        # through this descriptor).
+        sQ_box = sQ_layout
+        if cutlass.const_expr(self.q_dtype != dt):
+            sQ_box = sm90_utils.make_smem_layout_a(
+                LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n, self.hd), self.q_dtype, 1)
         tma_q, tQ = cpasync.make_tiled_tma_atom(
-            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, self.hd))
+            g2s, mQ, cute.slice_(sQ_box, (None, None, 0)), (self.tile_m, self.hd))
         kv_rows = self.tma_kv_rows()
-        _, _, _, sK_box, sV_box = self._mmas_and_layouts(kv_rows)
+        _, _, _, sK_box, sV_box = self._mmas_and_layouts(kv_rows, kv_dtype=self.kv_dtype)
         tma_k, tK = cpasync.make_tiled_tma_atom(
             g2s, mK, cute.slice_(sK_box, (None, None, 0)), (kv_rows, self.hd))
         tma_v, tV = cpasync.make_tiled_tma_atom(
             g2s, mVt, cute.slice_(sV_box, (None, None, 0)), (self.hd, kv_rows))
         self.q_bytes = cute.size_in_bytes(dt, cute.slice_(sQ_layout, (None, None, 0)))
-        self.kv_bytes = cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
+        self.kv_bytes = cute.size_in_bytes(self.kv_dtype,
+                                           cute.slice_(sK_layout, (None, None, 0)))
+        kdt = self.kv_dtype
+        cK_size = cute.cosize(conv_layouts[0]) if cutlass.const_expr(self.convert_kv) else 0
 
         @cute.struct
         class SharedStorage:
@@ -183,8 +218,12 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             # tile's loads are issued (issued_barrier), 8-byte aligned after the slots.
             tile_slot: cute.struct.MemRange[Int32, 8 * TILE_SLOTS + 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[kdt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[kdt, cute.cosize(sV_layout)], 1024]
+            if cutlass.const_expr(self.convert_kv):
+                # The bf16 K and V the MMAs read, converted from a stage (FP8 kernels).
+                cK: cute.struct.Align[cute.struct.MemRange[dt, cK_size], 1024]
+                cV: cute.struct.Align[cute.struct.MemRange[dt, cK_size], 1024]
             if cutlass.const_expr(self.o_buffer):
                 # The O buffer (64 rows, Q's swizzled layout) and its hand-over: warpgroup w
                 # writes once mbar_o[w] completes, and arrives on mbar_o[w + 1] when done.
@@ -196,7 +235,7 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         size = SharedStorage.size_in_bytes()
         assert size <= 227 * 1024, f"{self.cfg.name}: shared storage of {size} B > 227 KB"
 
-        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, ptrs, strides, shape, softmax, redo).launch(
+        self.kernel(tma_q, tQ, tma_k, tK, tma_v, tV, *groups).launch(
             grid=[1, 1, 1],  # the runtime sets the grid
             block=[self.threads, 1, 1],
             stream=stream,
@@ -207,11 +246,13 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, tQ: cute.Tensor, tma_k: cute.CopyAtom,
                tK: cute.Tensor, tma_v: cute.CopyAtom, tV: cute.Tensor,
-               ptrs: Ptrs, strides: Strides, shape: Shape, softmax: Softmax, redo: Redo):
+               ptrs: Ptrs, strides: Strides, shape: Shape, softmax: Softmax, redo: Redo,
+               quant=None):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp_idx // 4
-        mma_qk, mma_pv, sQ_layout, sK_layout, sV_layout = self._mmas_and_layouts()
+        mma_qk, mma_pv, sQ_layout, _, _ = self._mmas_and_layouts()
+        (sK_layout, sV_layout), conv_layouts = self._stage_layouts()
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -253,6 +294,11 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        mma_kv = (sK, sV)
+        if cutlass.const_expr(self.convert_kv):
+            cK_layout, cV_layout = conv_layouts
+            mma_kv = (storage.cK.get_tensor(cK_layout.outer, swizzle=cK_layout.inner),
+                      storage.cV.get_tensor(cV_layout.outer, swizzle=cV_layout.inner))
         slots = storage.tile_slot.get_tensor(cute.make_layout((8, TILE_SLOTS)))
         # Packed lengths (the TMA coordinate shapes): varlen offsets are clamped to them.
         totals = (tQ.shape[0], tK.shape[0])
@@ -271,8 +317,9 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             o_buf = None
             if cutlass.const_expr(self.o_buffer):
                 o_buf = (storage.sO.data_ptr().toint(), storage.mbar_o.data_ptr())
-            self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, sK, sV, slots), pipes,
-                          ptrs, strides, shape, softmax, redo, totals, o_buf)
+            self.consumer(tidx - 128, (mma_qk, mma_pv), (sQ, *mma_kv, slots), pipes,
+                          ptrs, strides, shape, softmax, redo, totals, o_buf,
+                          (sK, sV, *mma_kv, quant))
 
     # ------------------------------------------------------------------ tiles
     @cute.jit
@@ -373,18 +420,24 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
 
     # ------------------------------------------------------------------ MMA warpgroups
     def acquire_q(self, tidx, sQ, pipe_q, q_state, t: TileInfo, ptrs: Ptrs, strides: Strides,
-                  shape: Shape):
+                  shape: Shape, f: Frags):
         """This tile's Q in shared memory: waits for the producer's TMA load (``q_by_tma``)."""
         pipe_q.consumer_wait(q_state)
 
+    def tile_frags(self, f: Frags, t: TileInfo, staged):
+        """The fragments of tile ``t`` (FP8 kernels add its stages and descales: ``conv``).
+        ``staged``: (K stages, V stages, the K and V the MMAs read, the Quant group or None)."""
+        return f
+
     @cute.jit
     def consumer(self, tidx, mmas, smem, pipes, ptrs: Ptrs, strides: Strides, shape: Shape,
-                 softmax: Softmax, redo: Redo, totals, o_buf=None):
+                 softmax: Softmax, redo: Redo, totals, o_buf=None, staged=None):
         """Per n-block, with intra-warpgroup overlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
         back to back, run the softmax of S(n) while the PV wgmma runs, then rescale O.
         With two or three MMA warpgroups they take turns issuing (ping-pong, round robin through
         named barriers), so one's softmax overlaps the others' tensor-core work. ``o_buf``
-        (``Tile.o_buffer``): (shared address of the O buffer, its hand-over mbarriers)."""
+        (``Tile.o_buffer``): (shared address of the O buffer, its hand-over mbarriers).
+        ``staged``: see :meth:`tile_frags`."""
         mma_qk, mma_pv = mmas
         sQ, sK, sV, slots = smem
         pipe_q, pipe_k, pipe_v, pipe_tile = pipes
@@ -450,11 +503,13 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
                     f.acc_O.fill(0.0)
                     f.row_max.fill(-Float32.inf)
                     f.row_sum.fill(0.0)
-                    self.acquire_q(tidx, sQ, pipe_q, q_state, t, ptrs, strides, shape)
+                    f_tile = self.tile_frags(f, t, staged)
+                    self.acquire_q(tidx, sQ, pipe_q, q_state, t, ptrs, strides, shape, f_tile)
                     # This tile's Q stage (with two, the producer loads the next tile's Q into
                     # the other one while this tile runs).
                     q_stage = q_state.index if cutlass.const_expr(self.q_stages > 1) else 0
-                    f_tile = dataclasses.replace(f, tSrQ=f.tSrQ[None, None, None, q_stage])
+                    f_tile = dataclasses.replace(f_tile,
+                                                 tSrQ=f_tile.tSrQ[None, None, None, q_stage])
                     args = (tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
                             shape, softmax)
                     if cutlass.const_expr(self.edge_n > 0):

@@ -211,12 +211,19 @@ class FlashFwdSm90Decode(FlashFwdSm90Base):
 
     # ------------------------------------------------------------------ MMA warpgroups
     def acquire_q(self, tidx, sQ, pipe_q, q_state, t: TileInfo, ptrs: Ptrs, strides: Strides,
-                  shape: Shape):
+                  shape: Shape, f: Frags):
         """This tile's Q in shared memory: loaded by the warpgroup (:meth:`load_q_packed`)."""
-        self.load_q_packed(tidx, sQ, t, ptrs, strides, shape)
+        self.load_q_packed(tidx, sQ, t, ptrs, strides, shape, f)
+
+    def copy_q_chunk(self, g2s, ptrs: Ptrs, off, dst, f: Frags):
+        """Eight elements of q at element offset ``off`` into ``dst`` (shared memory): one
+        16-byte cp.async."""
+        src = cute.make_tensor(ptrs.q_ptr + off, cute.make_layout(8))
+        cute.copy(g2s, src, dst)
 
     @cute.jit
-    def load_q_packed(self, tidx, sQ, t: TileInfo, ptrs: Ptrs, strides: Strides, shape: Shape):
+    def load_q_packed(self, tidx, sQ, t: TileInfo, ptrs: Ptrs, strides: Strides, shape: Shape,
+                      f: Frags):
         """The warpgroup copies its 64 packed rows of Q into shared memory with
         16-byte cp.async (all in flight at once; rows past the tile's end are zero), waits for
         them and makes them visible to wgmma. Its previous tile's wgmmas have completed (the
@@ -254,8 +261,7 @@ class FlashFwdSm90Decode(FlashFwdSm90Base):
                 dst = cute.local_tile(sQ2, (1, 8), (wg * 64 + r, ch))[0, None]
                 if rr < rows_valid:
                     off = cute.assume(base + Int64(s_row) * q_s + Int64(h_row) * q_h, divby=8)
-                    src = cute.make_tensor(ptrs.q_ptr + off, cute.make_layout(8))
-                    cute.copy(g2s, src, dst)
+                    self.copy_q_chunk(g2s, ptrs, off, dst, f)
                 else:
                     zeros = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
                     zeros.fill(0.0)

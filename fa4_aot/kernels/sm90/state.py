@@ -10,7 +10,7 @@ import cutlass
 
 from fa4_aot.abi import FWD_SM90
 
-DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "e4m3": cutlass.Float8E4M3FN}
 GROUPS = FWD_SM90.group_types()
 Ptrs, Strides, Shape, Softmax, Redo = (GROUPS[n] for n in ("Ptrs", "Strides", "Shape", "Softmax",
                                                           "Redo"))
@@ -66,3 +66,6 @@ class Frags:
     row_tot: object = None
     # Tile.edge_width: (MMA op, accumulator) of S's wgmmas on a trimmed first block.
     edge: tuple = ()
+    # FP8 kernels: (K stages, V stages (e4m3), the bf16 K and V buffers each stage is
+    # converted into (tSrK / tOrV's), K, V and Q descales) of the tile in hand.
+    conv: tuple = ()

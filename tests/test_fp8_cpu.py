@@ -1,0 +1,166 @@
+"""FP8 (e4m3) calls on the CPU: the configurations and launch ABI of the FP8 decode kernels,
+the planner's choice and launch values (descale addresses and strides) through the whole host
+path with a fake driver (tests/fakecuda.py), and the validation errors."""
+
+import struct
+
+import pytest
+
+from fa4_aot import abi
+from fa4_aot.configs import CONFIG_SPACE, FP8_DECODE_TILES, KernelConfig
+
+torch = pytest.importorskip("torch")
+import fa4_aot  # noqa: E402
+import fakecuda  # noqa: E402
+from conftest import memo_plan  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.fixture(autouse=True)
+def _fp8_enabled(monkeypatch):
+    from fa4_aot.validate import FP8_ENV
+    monkeypatch.setenv(FP8_ENV, "1")
+
+
+def test_fp8_configurations():
+    fp8 = [c for c in CONFIG_SPACE if c.fp8]
+    assert len(fp8) == 2 * len(FP8_DECODE_TILES) * 3  # kv / qkv x head dims x masks
+    for c in fp8:
+        assert c.decode and not c.wide and c.dtype == "bf16" and c.scheduler == "steal"
+        assert c.kv_storage == "e4m3" and c.q_storage == ("e4m3" if c.fp8 == "qkv" else "bf16")
+        assert c.name.endswith(f"_decode_e4m3{c.fp8}") and abi.spec_for(c) is abi.FWD_SM90_FP8
+    assert all(c.q_storage == c.kv_storage == c.dtype for c in CONFIG_SPACE if not c.fp8)
+    for bad in (dict(decode=False), dict(wide=True), dict(head_dim=96), dict(dtype="fp16"),
+                dict(fp8="e5m2")):
+        kw = dict(arch="sm_90a", dtype="bf16", head_dim=128, causal=True, scheduler="steal",
+                  decode=True, fp8="kv")
+        with pytest.raises(ValueError, match="fp8"):
+            KernelConfig(**{**kw, **bad})
+
+
+@pytest.mark.parametrize("hd,box,swizzle", [(64, 64, "64B"), (128, 128, "128B"),
+                                            (256, 128, "128B")])
+def test_fp8_launch_record(hd, box, swizzle):
+    cfg = KernelConfig("sm_90a", "bf16", hd, True, "steal", decode=True, fp8="qkv")
+    rec = abi.launch_record(cfg, 1000)
+    tmaps = {p["tensor"]: p for p in rec["params"] if p["kind"] == "tensormap"}
+    for t in "qkv":  # one swizzle row of bytes per box row
+        assert (tmaps[t]["dtype"], tmaps[t]["box"][0], tmaps[t]["swizzle"]) == ("e4m3", box,
+                                                                                swizzle)
+    names = [p["name"] for p in rec["params"]]
+    # FWD_SM90's parameters in place, then the Quant group
+    assert names[:-9] == [p["name"] for p in abi.launch_record(
+        KernelConfig("sm_90a", "bf16", hd, True, "steal", decode=True), 1000)["params"]]
+    assert names[-9:] == list(abi.FWD_SM90_FP8.arg_names("Quant"))
+    assert "fp8_qkv" in rec["capabilities"]
+
+
+def _fp8_call(monkeypatch, q_dtype, paged=False, **kw):
+    drv = fakecuda.install(monkeypatch)
+    b, h, hk, d = 3, 8, 2, 128
+    q = torch.randn(b, 1, h, d).to(q_dtype)
+    if paged:
+        k = torch.randn(10, 16, hk, d).to(E4M3)
+        kw.update(page_table=torch.zeros(b, 4, dtype=torch.int32),
+                  seqused_k=torch.full((b,), 50, dtype=torch.int32))
+    else:
+        k = torch.randn(b, 300, hk, d).to(E4M3)
+    v = k.clone()
+    kd = torch.tensor(0.5).expand(b, hk)            # a per-layer scalar, expanded: strides 0
+    vd = torch.rand(b, hk)
+    qd = torch.rand(hk, b).t() if q_dtype == E4M3 else None  # transposed strides
+    with torch.no_grad():
+        out = fa4_aot.attention(q, k, v, causal=True, q_descale=qd, k_descale=kd,
+                                v_descale=vd, **kw)
+    return drv, out, (qd, kd, vd)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, E4M3], ids=["bf16_q", "e4m3_q"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_fp8_call_takes_the_fp8_kernel(monkeypatch, q_dtype, paged):
+    drv, out, (qd, kd, vd) = _fp8_call(monkeypatch, q_dtype, paged, num_splits=2)
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 1, 8, 128)
+    main, comb = memo_plan().launches
+    mode = "qkv" if q_dtype == E4M3 else "kv"
+    assert main.record["config"]["fp8"] == mode and main.name.endswith("e4m3" + mode)
+    assert comb.name.startswith("fake_combine_sm_90a_bf16")
+    v = main.values
+    assert (v["k_descale_stride_b"], v["k_descale_stride_h"]) == (0, 0)
+    assert (v["v_descale_stride_b"], v["v_descale_stride_h"]) == (2, 1)
+    assert (v["q_descale_stride_b"], v["q_descale_stride_h"]) == ((1, 3) if qd is not None
+                                                                 else (0, 0))
+    # the descale addresses land in the parameter buffer of the FP8 launch
+    launch = drv.launches[0]
+    names = [p["name"] for p in main.record["launch"]["params"]]
+    for name, t in (("q_descale", qd), ("k_descale", kd), ("v_descale", vd)):
+        off = launch["offsets"][names.index(name)]
+        got = struct.unpack_from("<Q", launch["buffer"], off)[0]
+        assert got == (0 if t is None else t.data_ptr()), name
+    # the K/V descriptors were encoded as bytes (e4m3)
+    assert v["k_rows"] == (16 if paged else 300)
+
+
+def test_fp8_calls_memoize_and_keep_16bit_calls_apart(monkeypatch):
+    from fa4_aot import interface
+    _fp8_call(monkeypatch, torch.bfloat16)
+    b, h, hk, d = 3, 8, 2, 128
+    q = torch.randn(b, 1, h, d, dtype=torch.bfloat16)
+    k = torch.randn(b, 300, hk, d, dtype=torch.bfloat16)
+    with torch.no_grad():
+        fa4_aot.attention(q, k, k, causal=True, num_splits=2)
+    names = [e.plan.launches[0].name for e in interface.prepared_calls()]
+    assert names[0].endswith("e4m3kv") and not names[1].endswith("e4m3kv")
+
+
+def _args(**over):
+    b, h, hk, d = 2, 8, 2, 128
+    a = dict(q=torch.randn(b, 1, h, d, dtype=torch.bfloat16),
+             k=torch.randn(b, 64, hk, d).to(E4M3), v=torch.randn(b, 64, hk, d).to(E4M3),
+             k_descale=torch.ones(b, hk), v_descale=torch.ones(b, hk))
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(k=torch.randn(2, 64, 2, 128).to(torch.float8_e5m2)), TypeError, "k must be"),
+    (dict(q=torch.randn(2, 1, 8, 128).to(E4M3), k=torch.randn(2, 64, 2, 128).bfloat16(),
+          v=torch.randn(2, 64, 2, 128).bfloat16()), TypeError,
+     "FP8 calls take float8_e4m3fn k and v"),
+    (dict(q=torch.randn(2, 1, 8, 128, dtype=torch.float16)), TypeError, "bfloat16 or"),
+    (dict(k_descale=None), ValueError, "k_descale is required"),
+    (dict(v_descale=None), ValueError, "v_descale is required"),
+    (dict(q=torch.randn(2, 1, 8, 128).to(E4M3)), ValueError, "q_descale is required"),
+    (dict(q_descale=torch.ones(2, 2)), ValueError, "q_descale applies to a float8_e4m3fn q"),
+    (dict(k_descale=torch.ones(2, 2, dtype=torch.float16)), TypeError, "k_descale must be a "
+                                                                      "float32"),
+    (dict(k_descale=torch.ones(2)), ValueError, r"k_descale must have shape \(batch, heads_k\)"),
+    (dict(v_descale=torch.ones(2, 8)), ValueError, r"= \(2, 2\)"),
+    (dict(v_descale=torch.ones(2, 2, device="meta")), ValueError, "v_descale must be on"),
+    (dict(q=torch.randn(2, 1, 8, 96, dtype=torch.bfloat16), k=torch.randn(2, 64, 2, 96).to(E4M3),
+          v=torch.randn(2, 64, 2, 96).to(E4M3)), ValueError, "FP8 kernels exist for head_dim"),
+    (dict(scheduler="single"), ValueError, "scheduler must"),
+    (dict(out=torch.empty(2, 1, 8, 128).to(E4M3)), ValueError, "out must be a tensor .* dtype torch.bfloat16"),
+])
+def test_fp8_argument_errors(monkeypatch, over, exc, match):
+    fakecuda.install(monkeypatch)
+    a = _args(**over)
+    with pytest.raises(exc, match=match), torch.no_grad():
+        fa4_aot.attention(a.pop("q"), a.pop("k"), a.pop("v"), **a)
+
+
+def test_fp8_needs_the_experimental_switch(monkeypatch):
+    from fa4_aot.validate import FP8_ENV
+    monkeypatch.delenv(FP8_ENV)
+    fakecuda.install(monkeypatch)
+    a = _args()
+    with pytest.raises(NotImplementedError, match=FP8_ENV):
+        fa4_aot.attention(a.pop("q"), a.pop("k"), a.pop("v"), **a)
+
+
+def test_descales_refused_on_16bit_calls(monkeypatch):
+    fakecuda.install(monkeypatch)
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16)
+    k = torch.randn(2, 64, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="k_descale applies to a float8_e4m3fn k"):
+        fa4_aot.attention(q, k, k, k_descale=torch.ones(2, 2))
