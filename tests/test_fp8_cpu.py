@@ -164,3 +164,36 @@ def test_descales_refused_on_16bit_calls(monkeypatch):
     k = torch.randn(2, 64, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="k_descale applies to a float8_e4m3fn k"):
         fa4_aot.attention(q, k, k, k_descale=torch.ones(2, 2))
+
+
+def test_fp8_chunked_prefill_over_a_paged_cache(monkeypatch):
+    """Packed new tokens (cu_seqlens_q) against an e4m3 paged cache: the 64-row FP8 kernel (there
+    is no 128-row one), every packed row in its tiles."""
+    fakecuda.install(monkeypatch)
+    q = torch.randn(300, 8, 128, dtype=torch.bfloat16)
+    cache = torch.randn(40, 16, 2, 128).to(E4M3)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    with torch.no_grad():
+        out = fa4_aot.attention(q, cache, cache, causal=True, cu_seqlens_q=cu, max_seqlen_q=200,
+                                page_table=torch.zeros(2, 20, dtype=torch.int32),
+                                seqused_k=torch.tensor([150, 320], dtype=torch.int32),
+                                k_descale=torch.ones(2, 2), v_descale=torch.ones(2, 2))
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    main = memo_plan().launches[0]
+    assert main.name.endswith("_decode_e4m3kv") and main.record["launch"]["tile"]["m"] == 64
+    assert main.values["num_m_blocks"] == -(-200 * 4 // 64)
+
+
+def test_fp8_op_form(monkeypatch):
+    """torch.ops.fa4_aot.fwd's implementation takes the descales as tensors 5..7 and hits the
+    entry attention() made."""
+    from fa4_aot import interface
+    fakecuda.install(monkeypatch)
+    a = _args()
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    with torch.no_grad():
+        fa4_aot.attention(q, k, v, **a)
+        n = len(interface.memo_plans())
+        out, lse = interface.forward(q, k, v, [None] * 5 + [None, a["k_descale"], a["v_descale"]],
+                                     [0, 0, -1, -1, 0], False, None, "auto", 0.0)
+    assert len(interface.memo_plans()) == n and out.dtype == torch.bfloat16
