@@ -25,8 +25,8 @@ new chunk of 256 query tokens packed with cu_seqlens_q, causal). Needs a GPU.
 with an e4m3 q too) against fa4_aot in bf16 on the same values (``bf16``: the e4m3 values
 widened, descales 1, so the outputs agree to bf16 rounding) - decode B=32 x 8k 32/8
 contiguous and paged (page 16), B=8 x 32k, B=1 x 128k, and the prefill shape 2x16x8k hd128
-(which has no FP8 prefill kernel yet: it runs on the FP8 decode kernels); ``speedup`` = bf16
-time / fp8 time. Plus torch's ``_scaled_mm`` e4m3 8192^3 as the FP8 matmul limit (TFLOP/s).
+(the FP8 prefill kernels; their time includes the per-call transpose of V); ``speedup`` =
+bf16 time / fp8 time. Plus torch's ``_scaled_mm`` e4m3 8192^3 as the FP8 matmul limit (TFLOP/s).
 The group sets FA4_AOT_EXPERIMENTAL_FP8=1 for itself (docs/design.md#fp8).
 """
 

@@ -72,13 +72,16 @@ def _compile(cfg_dict: dict, out_ptx: str) -> dict:
     hd = cfg.head_dim
 
     def fake_qkv(t):
-        # (seqlen, d, heads, batch) with d contiguous; strides are 16-byte aligned.
+        # (seqlen, d, heads, batch) with d contiguous (the FP8 prefill kernels' transposed v:
+        # seqlen contiguous); strides are 16-byte aligned.
         elem = cfg.q_storage if t == "q" else cfg.kv_storage
         div = 16 // ELEM_BYTES[elem]
+        inner = (cute.sym_int64(divisibility=div), 1)
+        if t == "v" and cfg.fp8 and not cfg.decode:
+            inner = (1, cute.sym_int64(divisibility=div))
         return make_fake_tensor(
             types[elem], (cute.sym_int32(), hd, cute.sym_int32(), cute.sym_int32()),
-            (cute.sym_int64(divisibility=div), 1, cute.sym_int64(divisibility=div),
-             cute.sym_int64(divisibility=div)),
+            (*inner, cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div)),
             assumed_align=16)
 
     from fa4_aot import abi

@@ -1,7 +1,8 @@
 """The launch ABI of fa4_aot kernels, defined once.
 
 Each kernel family has one ordered :class:`KernelSpec`: the TMA-loaded tensors, then groups of
-scalar/pointer arguments. Everything else is generated from it:
+scalar/pointer arguments (``FWD_SM90``; ``FWD_SM90_FP8`` = ``FWD_SM90`` + the descales;
+``FWD_SM100`` and ``COMBINE_SM90`` take subsets). Everything else is generated from it:
 
 * the kernels take one NamedTuple per group (``spec.group_types()``; fields = the spec's
   names, in order), so a kernel reads ``shape.seqlen_q`` instead of the 17th positional
@@ -269,7 +270,18 @@ LAUNCH_VALUES = {
     "num_heads_k": "key/value heads",
     "q_batch": "batch extent of q's TMA descriptor (1 for varlen: packed documents)",
     "k_batch": "batch extent of the k/v TMA descriptors (1 for varlen; num_pages when paged)",
+    "vt_rows": "FP8 prefill: keys of the transposed v (seqlen_k rounded up to VT_GROUP)",
 }
+# The FP8 prefill kernels read V transposed, (batch, heads_k, d, keys) with the keys of each
+# group of VT_GROUP in the order VT_ORDER (slot s holds key VT_ORDER[s]): the order in which a
+# thread's fp32 accumulator values of S sit in its registers, so that P's e4m3 A operand is
+# packed from them without moving values between threads. A wgmma k32 A fragment gives thread
+# lane % 4 = t the slots 4t..4t+3 and 16+4t..16+4t+3 of its rows; its accumulator holds the
+# columns 2t, 2t+1, 8+2t, 9+2t (and 16 more for the second half). Key 16h + 8a + 2t + c sits
+# at slot 16h + 4t + 2a + c: an axis permutation (fa4_aot.interface.transposed_v).
+VT_GROUP = 32
+VT_ORDER = tuple(16 * h + 2 * t + (j & 1) + 8 * (j >> 1)
+                 for h in range(2) for t in range(4) for j in range(4))
 
 # Axis positions of the user tensors, layout (batch, seqlen, heads, head_dim).
 AXES = {"b": 0, "s": 1, "h": 2, "d": 3}
@@ -294,26 +306,34 @@ def head_dim_swizzle(head_dim: int, elem_bytes: int = 2) -> tuple[int, str]:
 
 
 def ptx_params(spec: KernelSpec, dtype: str, head_dim: int, tile_m: int, tile_n: int,
-               kv_l2_promotion: str = "256B", storage: dict | None = None) -> list[dict]:
+               kv_l2_promotion: str = "256B", storage: dict | None = None,
+               v_transposed: bool = False) -> list[dict]:
     """The kernel's PTX parameters, in order, as manifest records. ``tile_m``/``tile_n``: rows
     of the Q and K/V TMA boxes, an int or the name of a launch value (the decode kernels' K/V
     box, ``kv_box_rows``: the runtime encodes the descriptor with that value).
     ``kv_l2_promotion``: the L2 promotion of the K/V descriptors (what L2 fetches from DRAM on
     a miss; see :func:`launch_record`). ``storage``: element type per tensor where it is not
-    ``dtype`` (FP8: ``{"k": "e4m3", ...}``)."""
+    ``dtype`` (FP8: ``{"k": "e4m3", ...}``). ``v_transposed`` (FP8 prefill): v is read as V^T,
+    keys innermost (one swizzle row of keys x head_dim rows a box), ``vt_rows`` keys long."""
     params = []
     for t in spec.tensors:
         rows = tile_m if t == "q" else tile_n
         elem = (storage or {}).get(t, dtype)
-        # d is loaded in box_inner-wide chunks
-        box_inner, swz = head_dim_swizzle(head_dim, ELEM_BYTES[elem])
+        if t == "v" and v_transposed:  # keys innermost, loaded in box_inner-wide chunks
+            box_inner, swz = head_dim_swizzle(tile_n, ELEM_BYTES[elem])
+            dims, box, shape = ["s", "d", "h", "b"], [box_inner, head_dim, 1, 1], \
+                ["vt_rows", "num_heads_k", "k_batch"]
+        else:  # d is loaded in box_inner-wide chunks
+            box_inner, swz = head_dim_swizzle(head_dim, ELEM_BYTES[elem])
+            dims, box, shape = ["d", "s", "h", "b"], [box_inner, rows, 1, 1], \
+                list(_SHAPE_VALUES[t])
         params.append({
             "name": f"tma_{t}", "kind": "tensormap", "size": 128, "align": 64, "tensor": t,
-            "dtype": elem, "dims": ["d", "s", "h", "b"], "box": [box_inner, rows, 1, 1],
+            "dtype": elem, "dims": dims, "box": box,
             "swizzle": swz, "interleave": "none",
             "l2_promotion": "256B" if t == "q" else kv_l2_promotion, "oob_fill": "zero"})
         params.append({"name": f"{t}_shape", "kind": "i32_tuple", "size": 12, "align": 4,
-                       "values": list(_SHAPE_VALUES[t])})
+                       "values": shape})
     for a in spec.args():
         size = _SIZES[a.kind]
         params.append({"name": a.name, "kind": a.kind, "size": size, "align": size,
@@ -341,7 +361,8 @@ def launch_record(cfg, dynamic_smem_bytes: int) -> dict:
                              "kv_box_rows" if cfg.decode else t.n,
                              kv_l2_promotion="128B" if cfg.decode else "256B",
                              storage={"q": cfg.q_storage, "k": cfg.kv_storage,
-                                      "v": cfg.kv_storage} if cfg.kind == "fwd" else None),
+                                      "v": cfg.kv_storage} if cfg.kind == "fwd" else None,
+                             v_transposed=bool(cfg.fp8) and not cfg.decode),
         "block": [cfg.threads, 1, 1],
         "cluster": [1, 1, 1],
         "dynamic_smem_bytes": dynamic_smem_bytes,

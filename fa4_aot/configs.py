@@ -16,9 +16,9 @@ from typing import Iterable
 
 ARCHS = ("sm_90a", "sm_100a")
 DTYPES = ("bf16", "fp16")
-# FP8 (e4m3) storage of the decode kernels' inputs (``KernelConfig.fp8``): "kv" = an e4m3 K/V
-# cache with a 16-bit q, "qkv" = q, k and v in e4m3. The MMAs and the output stay in ``dtype``
-# (bf16): each e4m3 tile is converted to bf16 in shared memory, multiplied by its descale.
+# FP8 (e4m3) inputs (``KernelConfig.fp8``): "kv" = an e4m3 K/V cache with a 16-bit q, "qkv" =
+# q, k and v in e4m3; the output is ``dtype`` (bf16). The decode kernels convert each e4m3 tile
+# to bf16 in shared memory and run bf16 MMAs; the prefill kernels ("qkv" only) run FP8 MMAs.
 FP8_MODES = ("kv", "qkv")
 # Tile schedulers per architecture. sm_90a: one CTA per tile, static persistent, work stealing
 # through a global atomic counter. sm_100a: static persistent, work stealing through cluster
@@ -152,6 +152,11 @@ DECODE_TILES = {64: Tile(m=64, n=128, kv_stages=3, pingpong=False, sum_chains=Tr
 FP8_DECODE_TILES = {hd: dataclasses.replace(DECODE_TILES[hd], kv_stages=s)
                     for hd, s in ((64, 6), (128, 6), (256, 2))}
 
+# The FP8 prefill kernels (``KernelConfig.fp8`` without ``decode``): FP8 wgmmas for S = Q K^T
+# and O += P V (P rounded to e4m3, V transposed by the runtime). Q, K and V^T stages are half
+# the bytes of bf16 ones; O is written from registers (the e4m3 Q stage cannot hold it).
+FP8_PREFILL_TILES = {128: Tile(m=128, n=128, kv_stages=2)}
+
 # The decode kernels with the 128-row tile (``KernelConfig.wide``: paged KV or forced splits
 # with many packed rows, such as chunked prefill over a paged cache): the 128-row prefill tiles,
 # with a third K/V stage at head_dim 128 (the paged loads then issue K and V in one pass).
@@ -219,10 +224,16 @@ class KernelConfig:
                              or self.head_dim not in TILES_LONG_KV.get(self.arch, {})):
             raise ValueError(f"long_kv is the wide-n alternative of the causal prefill kernels "
                              f"{sorted(TILES_LONG_KV.get(self.arch, {}))} on {self.arch}")
-        if self.fp8 and (self.fp8 not in FP8_MODES or not self.decode or self.wide
-                         or self.dtype != "bf16" or self.head_dim not in FP8_DECODE_TILES):
+        if self.fp8 and (self.fp8 not in FP8_MODES or self.wide or self.dtype != "bf16"
+                         or self.head_dim not in FP8_DECODE_TILES):
             raise ValueError(f"fp8 must be one of {FP8_MODES}, on the bf16 64-row decode "
                              f"kernels of head dims {tuple(FP8_DECODE_TILES)}; got {self.fp8!r}")
+        if self.fp8 and not self.decode and (
+                self.fp8 != "qkv" or self.head_dim not in FP8_PREFILL_TILES or self.local
+                or self.softcap or self.trace or self.scheduler != "steal" or self.m128
+                or self.long_kv):
+            raise ValueError(f"fp8 prefill kernels: fp8='qkv', head dims "
+                             f"{tuple(FP8_PREFILL_TILES)}, full or causal, steal; got {self}")
         if self.scheduler not in SCHEDULERS_BY_ARCH[self.arch]:
             raise ValueError(f"scheduler must be one of {SCHEDULERS_BY_ARCH[self.arch]} on "
                              f"{self.arch}, got {self.scheduler!r}")
@@ -233,7 +244,7 @@ class KernelConfig:
         decode kernels; TILES_M128 for ``m128``; TILES_LONG_KV for ``long_kv``; TILES_WIDE_N,
         where it has the head dim, for the non-causal, non-local kernels."""
         if self.fp8:
-            return FP8_DECODE_TILES[self.head_dim]
+            return (FP8_DECODE_TILES if self.decode else FP8_PREFILL_TILES)[self.head_dim]
         if self.decode:
             return (DECODE_WIDE_TILES if self.wide else DECODE_TILES)[self.head_dim]
         if self.m128:
@@ -328,6 +339,10 @@ def _space() -> Iterable[KernelConfig]:
                     yield KernelConfig("sm_90a", dtype, hd, causal, "steal", local=local,
                                        decode=True, wide=wide)
             yield KernelConfig("sm_90a", dtype, hd, False, "single", kind="combine")
+    # FP8 prefill kernels (e4m3 q, k, v).
+    for hd in FP8_PREFILL_TILES:
+        for causal in (False, True):
+            yield KernelConfig("sm_90a", "bf16", hd, causal, "steal", fp8="qkv")
     # FP8 decode kernels (e4m3 K/V; e4m3 q too), the 64-row tile: the serving decode step.
     for fp8 in FP8_MODES:
         for hd in FP8_DECODE_TILES:

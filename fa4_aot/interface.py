@@ -24,6 +24,7 @@ import threading
 
 from . import plan as _planner
 from . import runtime, validate
+from .abi import VT_GROUP
 from .manifest import load_manifest
 from .plan import SCHED_COUNTER, DeviceInfo, resolve_scheduler
 from .runtime import TensorView
@@ -181,7 +182,7 @@ class _Entry:
 
     __slots__ = ("plan", "out_shape", "out_dtype", "lse_shape", "mode", "launchers", "varlen",
                  "total_q", "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
-                 "scratch_shapes", "pool_key", "pool", "pooled")
+                 "scratch_shapes", "pool_key", "pool", "pooled", "vt_rows")
 
     def _scratch(self, q, want_lse):
         """(lse or None, [oacc, lseacc] or None) of this call."""
@@ -266,7 +267,9 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
     e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
     views = {name: TensorView(view[0], view[1], t.element_size(), t.data_ptr(), name)
-             for name, view, t in (("q", c.q, q), ("k", c.k, a.k), ("v", c.v, a.v))}
+             for name, view, t in (("q", c.q, q), ("k", c.k, a.k),
+                                   ("v", p.v_transposed or c.v, a.v))}
+    e.vt_rows = p.v_transposed[0][1] if p.v_transposed else 0
     launchers, launches = [], []
     for kl in p.launches:
         launch, values = kl.record["launch"], kl.values
@@ -341,9 +344,10 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     FP8 (sm_90a, FA3's convention): k and v in ``torch.float8_e4m3fn`` with ``k_descale`` and
     ``v_descale``, q in bfloat16, or in float8_e4m3fn with ``q_descale``; each descale fp32
     (batch, heads_k) (any strides: an expanded per-layer scalar too), the dequantized input
-    being the e4m3 value times its descale. The output is bfloat16. These run on the FP8
-    decode kernels (paged, split-KV, varlen, windows, softcap alike), made for decode and
-    chunked prefill over an e4m3 KV cache; head_dim 64, 128 or 256."""
+    being the e4m3 value times its descale. The output is bfloat16; head_dim 64, 128 or 256.
+    A dense e4m3 prefill (q, k and v e4m3, hd128, no window or softcap) runs FP8 wgmmas with V
+    transposed per call (:func:`transposed_v`); every other FP8 call (decode, paged, split-KV,
+    varlen, chunked prefill, a bf16 q) the FP8 decode kernels, which convert K/V to bf16."""
     a = None
     descales = None
     if q_descale is not None or k_descale is not None or v_descale is not None:
@@ -391,6 +395,9 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                                seqused_q, seqused_k, page_table, num_splits, out, _trace,
                                q_descale, k_descale, v_descale), key)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if e.vt_rows:  # FP8 prefill: the kernel reads V transposed (kept alive until enqueued)
+        vt = transposed_v(v, e.vt_rows)
+        vp = vt.data_ptr()
     if (qp | kp | vp) & 15 or (out is not None and out.data_ptr() & 15):
         bad = Args(q, k, v, causal, softmax_scale, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
                    page_table=page_table)
@@ -401,6 +408,20 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     o, lse = e.run(q, out, return_lse, (qp, kp, vp, cu_seqlens_q, cu_seqlens_k, _trace,
                                         seqused_q, seqused_k, page_table), descales)
     return (o, lse) if return_lse else o
+
+
+def transposed_v(v, rows: int):
+    """The V the FP8 prefill kernels read: (batch, seqlen_k, heads_k, d) e4m3 -> (batch,
+    heads_k, d, rows) bytes, keys padded with zeros to ``rows`` (a multiple of VT_GROUP), each
+    group's keys in abi.VT_ORDER (slot s holds key VT_ORDER[s]). VT_ORDER is an axis
+    permutation: key 16h + 8a + 2t + c goes to slot 16h + 4t + 2a + c. One copy (two with
+    padding) on the current stream; no sync, no host data (CUDA-graph capturable)."""
+    b, sk, hk, d = v.shape
+    u = v.view(torch.uint8)
+    if rows != sk:
+        u = torch.cat([u, u.new_zeros(b, rows - sk, hk, d)], 1)
+    u = u.reshape(b, rows // VT_GROUP, 2, 2, 4, 2, hk, d)  # keys as (group, h, a, t, c)
+    return u.permute(0, 6, 7, 1, 2, 4, 3, 5).contiguous().view(b, hk, d, rows)
 
 
 def _traced(a: Args):

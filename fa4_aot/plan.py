@@ -12,9 +12,9 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from .abi import SeqMode
-from .configs import (SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_LONG_KV, TILES_M128,
-                      KernelConfig)
+from .abi import VT_GROUP, SeqMode
+from .configs import (FP8_PREFILL_TILES, SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_LONG_KV,
+                      TILES_M128, KernelConfig)
 from .runtime import PerCall
 from .schedule import choose_section, compact_section, num_n_blocks
 
@@ -81,6 +81,9 @@ class LaunchPlan(NamedTuple):
     launches: tuple  # KernelLaunch, run in order on the call's stream
     acc_shapes: tuple = ()  # split-KV: fp32 (oacc, lseacc) shapes, the "oacc"/"lseacc" slots
     call: CallSpec | None = None
+    # FP8 prefill: the kernels read V transposed (fa4_aot.interface.transposed_v, keys rounded up
+    # to VT_GROUP); (shape, element strides) of that tensor as the (b, s, h, d) view they see.
+    v_transposed: tuple | None = None
 
 
 LAUNCH, NOTHING, ZERO_FILL = 0, 1, 2
@@ -199,6 +202,14 @@ def _fp8(c, dev, sched):
     return bool(c.fp8)
 
 
+def _fp8_prefill(c, dev, sched):
+    """e4m3 q, k, v of a dense batch whose queries the decode kernels would not take."""
+    return (c.fp8 == "qkv" and dev.arch == "sm_90a" and c.head_dim in FP8_PREFILL_TILES
+            and not (c.paged or c.varlen or c.local or c.softcap > 0 or c.trace)
+            and (c.num_splits or 1) == 1
+            and not use_decode_kernels(c.seqlen_q, c.heads // c.heads_k, None, c.scheduler))
+
+
 def _paged_or_split(c, dev, sched):
     return c.paged or (c.num_splits or 1) > 1
 
@@ -250,6 +261,8 @@ class Row(NamedTuple):
 # The kernel-choice table (docs/design.md#kernel-choice): the first row whose rules hold picks
 # the kernel form, looked up once in the manifest.
 KERNEL_CHOICE = (
+    Row("fp8_prefill", (_fp8_prefill,), True,
+        "FP8 wgmmas for dense e4m3 prefill (docs/design.md#fp8)"),
     Row("decode", (_fp8,), False,
         "e4m3 inputs exist only in the 64-row FP8 decode kernels (docs/design.md#fp8)"),
     Row("decode_wide", (_paged_or_split, _wide_rows), False,
@@ -290,6 +303,8 @@ def _lookup(manifest, form: str, c: CallSpec, arch: str, sched: str):
         kw = {"fp8": c.fp8} if c.fp8 else {}
         return manifest.find(arch, c.dtype, c.head_dim, c.causal, "steal", local=c.local,
                              decode=True, wide=form == "decode_wide", **kw)
+    if form == "fp8_prefill":
+        return manifest.find(arch, c.dtype, c.head_dim, c.causal, "steal", fp8="qkv")
     if form == "m128":
         return manifest.find(arch, c.dtype, c.head_dim, c.causal, sched, m128=True)
     if form == "long_kv":
@@ -461,8 +476,13 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
         # decode K/V TMA box: a key block, or with pages the largest box dividing block and page
         "kv_box_rows": math.gcd(k_rows, tile_n) if c.paged else tile_n,
     }
+    v_transposed = None
     if c.fp8:
         values.update(_descale_values(c.descales))
+    if form == "fp8_prefill":
+        rows = -(-sk // VT_GROUP) * VT_GROUP
+        values["vt_rows"] = rows
+        v_transposed = ((b, rows, hk, d), (hk * d * rows, 1, d * rows, rows))
     grid = (grid_size(launch["grid"], num_tiles, sms), 1, 1)
     launches = [KernelLaunch(name, rec, grid, values)]
     acc_shapes = ()
@@ -475,4 +495,5 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
         cgrid = (grid_size(crec["launch"]["grid"], acc_rows * h, sms), 1, 1)
         launches.append(KernelLaunch(cname, crec, cgrid, cvalues))
         acc_shapes = ((splits, acc_rows, h, d), (splits, acc_rows, h))
-    return LaunchPlan(out_shape, lse_shape, LAUNCH, tuple(launches), acc_shapes, c)
+    return LaunchPlan(out_shape, lse_shape, LAUNCH, tuple(launches), acc_shapes, c,
+                      v_transposed)

@@ -46,6 +46,40 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     return out.to(dtype) if not upcast else out, lse
 
 
+def dequantize(x, descale):
+    """An e4m3 (b, s, heads, d) tensor times its fp32 (b, heads_k) descale (query heads share
+    their KV head's), in fp32."""
+    b, _, hx, _ = x.shape
+    per = descale.repeat_interleave(hx // descale.shape[1], dim=1)
+    return x.float() * per.reshape(b, 1, hx, 1)
+
+
+def fp8_attention_ref(q8, k8, v8, q_descale, k_descale, v_descale, causal=False,
+                      softmax_scale=None):
+    """FA3's FP8 forward emulated in fp32 (the ``out_pt`` of FP8 prefill checks): scores of the
+    dequantized q and k, P = exp(S - rowmax) rounded to e4m3, O = P8 @ v_dequantized / rowsum
+    of the unrounded P. Returns (out (b, sq, h, d) fp32, lse)."""
+    import torch
+    q, k, v = (dequantize(x, ds) for x, ds in ((q8, q_descale), (k8, k_descale),
+                                               (v8, v_descale)))
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(h // hk, dim=2)
+    v = v.repeat_interleave(h // hk, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    s = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
+    if causal:
+        row = torch.arange(sq, device=q.device).view(-1, 1)
+        col = torch.arange(sk, device=q.device).view(1, -1)
+        s = s.masked_fill(col > row + (sk - sq), float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(-3e38)
+    p = torch.exp(s - m)
+    total = p.sum(-1, keepdim=True)
+    p8 = p.to(torch.float8_e4m3fn).float()
+    out = torch.einsum("bhqk,bkhd->bqhd", p8, v) / total.transpose(1, 2).clamp_min(1e-30)
+    return out, (m + total.log()).squeeze(-1)
+
+
 def error_and_bound(out, ref, ref_pt):
     """``(max|out - ref|, max|out_pt - ref|, the FA rule's bound)`` (NaN in ``out`` gives a NaN
     error, which no bound passes)."""

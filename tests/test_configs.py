@@ -145,7 +145,9 @@ def test_two_q_buffers_where_shared_memory_allows():
            if c.arch == "sm_90a" and c.tile.q_stages == 2}
     assert two == {(64, 128), (96, 128), (128, 128)}
     for c in CONFIG_SPACE:
-        if c.arch != "sm_90a" or c.decode or c.head_dim > 128 or c.tile.n != 128:
+        # (the FP8 prefill tile keeps one Q buffer until it has been measured, issue 54)
+        if (c.arch != "sm_90a" or c.decode or c.fp8 or c.head_dim > 128
+                or c.tile.n != 128):
             assert c.tile.q_stages == 1, c.name
         else:
             assert c.tile.q_stages == 2, c.name

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from fa4_aot import abi
-from fa4_aot.configs import CONFIG_SPACE, FP8_DECODE_TILES, KernelConfig
+from fa4_aot.configs import CONFIG_SPACE, FP8_DECODE_TILES, FP8_PREFILL_TILES, KernelConfig
 
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
@@ -24,15 +24,21 @@ def _fp8_enabled(monkeypatch):
 
 
 def test_fp8_configurations():
-    fp8 = [c for c in CONFIG_SPACE if c.fp8]
+    fp8 = [c for c in CONFIG_SPACE if c.fp8 and c.decode]
     assert len(fp8) == 2 * len(FP8_DECODE_TILES) * 3  # kv / qkv x head dims x masks
+    prefill = [c for c in CONFIG_SPACE if c.fp8 and not c.decode]
+    assert len(prefill) == 2 * len(FP8_PREFILL_TILES)  # full, causal
+    for c in prefill:
+        assert c.fp8 == "qkv" and c.name.endswith("_e4m3qkv") and not c.local
+        assert abi.spec_for(c) is abi.FWD_SM90_FP8
     for c in fp8:
         assert c.decode and not c.wide and c.dtype == "bf16" and c.scheduler == "steal"
         assert c.kv_storage == "e4m3" and c.q_storage == ("e4m3" if c.fp8 == "qkv" else "bf16")
         assert c.name.endswith(f"_decode_e4m3{c.fp8}") and abi.spec_for(c) is abi.FWD_SM90_FP8
     assert all(c.q_storage == c.kv_storage == c.dtype for c in CONFIG_SPACE if not c.fp8)
-    for bad in (dict(decode=False), dict(wide=True), dict(head_dim=96), dict(dtype="fp16"),
-                dict(fp8="e5m2")):
+    for bad in (dict(decode=False, fp8="kv"), dict(decode=False, head_dim=64),
+                dict(decode=False, causal=False, local=True), dict(wide=True), dict(head_dim=96),
+                dict(dtype="fp16"), dict(fp8="e5m2")):
         kw = dict(arch="sm_90a", dtype="bf16", head_dim=128, causal=True, scheduler="steal",
                   decode=True, fp8="kv")
         with pytest.raises(ValueError, match="fp8"):
@@ -197,3 +203,69 @@ def test_fp8_op_form(monkeypatch):
         out, lse = interface.forward(q, k, v, [None] * 5 + [None, a["k_descale"], a["v_descale"]],
                                      [0, 0, -1, -1, 0], False, None, "auto", 0.0)
     assert len(interface.memo_plans()) == n and out.dtype == torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------
+# FP8 prefill: FP8 wgmmas, V transposed by the runtime
+
+
+def test_transposed_v_orders_each_group_of_keys():
+    from fa4_aot.abi import VT_GROUP, VT_ORDER
+    from fa4_aot.interface import transposed_v
+    assert sorted(VT_ORDER) == list(range(VT_GROUP))
+    b, sk, hk, d = 2, 70, 3, 16
+    v = torch.randn(b, sk, hk, d).to(E4M3)
+    rows = 96
+    vt = transposed_v(v, rows)
+    assert vt.dtype == torch.uint8 and vt.shape == (b, hk, d, rows) and vt.is_contiguous()
+    u = v.view(torch.uint8)
+    for s in range(rows):
+        key = (s // VT_GROUP) * VT_GROUP + VT_ORDER[s % VT_GROUP]
+        want = u[:, key] if key < sk else torch.zeros(b, hk, d, dtype=torch.uint8)
+        assert torch.equal(vt[:, :, :, s], want), s
+    # a strided v (a view of a larger cache) gives the same bytes
+    big = torch.randn(b, sk, 2 * hk, d).to(E4M3)
+    assert torch.equal(transposed_v(big[:, :, :hk], rows),
+                       transposed_v(big[:, :, :hk].contiguous(), rows))
+
+
+def test_fp8_prefill_call(monkeypatch):
+    drv = fakecuda.install(monkeypatch)
+    b, s, h, hk, d = 2, 1000, 8, 8, 128
+    q = torch.randn(b, s, h, d).to(E4M3)
+    k = torch.randn(b, s, hk, d).to(E4M3)
+    ds = [torch.rand(b, hk) for _ in range(3)]
+    with torch.no_grad():
+        out = fa4_aot.attention(q, k, k, causal=True, q_descale=ds[0], k_descale=ds[1],
+                                v_descale=ds[2])
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    plan = memo_plan()
+    (main,) = plan.launches
+    assert main.name.endswith("m128n128s2_e4m3qkv") and not main.record["config"]["decode"]
+    assert main.values["vt_rows"] == 1024 and main.values["seqlen_k"] == s
+    assert plan.v_transposed == ((b, 1024, hk, d), (hk * d * 1024, 1, d * 1024, 1024))
+    tma_v = next(p for p in main.record["launch"]["params"] if p["name"] == "tma_v")
+    assert tma_v["dims"] == ["s", "d", "h", "b"] and tma_v["box"][:2] == [128, d]
+    # the descriptor the runtime encoded for V: keys innermost, vt_rows of them
+    assert [128, d, 1, 1] in drv.boxes
+
+
+@pytest.mark.parametrize("kw,form", [
+    (dict(), "prefill"),
+    (dict(q_len=4), "decode"),                   # short queries: the decode kernels
+    (dict(q_bf16=True), "decode"),               # a bf16 q: the decode kernels convert K/V
+    (dict(window_size=(100, 0)), "decode"),      # no FP8 prefill window kernel
+    (dict(num_splits=2), "decode"),
+])
+def test_fp8_routing(monkeypatch, kw, form):
+    fakecuda.install(monkeypatch)
+    b, hk, d = 2, 4, 128
+    s = kw.pop("q_len", 512)
+    q = torch.randn(b, s, 4, d).to(torch.bfloat16 if kw.pop("q_bf16", False) else E4M3)
+    k = torch.randn(b, 512, hk, d).to(E4M3)
+    qd = torch.ones(b, hk) if q.dtype == E4M3 else None
+    with torch.no_grad():
+        fa4_aot.attention(q, k, k, causal=True, q_descale=qd, k_descale=torch.ones(b, hk),
+                          v_descale=torch.ones(b, hk), **kw)
+    name = memo_plan().launches[0].name
+    assert ("_decode_" in name) == (form == "decode") and "e4m3" in name

@@ -1,14 +1,17 @@
-"""GPU tests of the FP8 decode kernels (e4m3 K/V, bf16 or e4m3 q, FA3's descales) against the
-FA rule on the dequantized inputs: ref = fp32 attention of e4m3 * descale; out_pt = the same in
-bf16 on bf16(e4m3 * descale), which is what the kernels multiply (skip cleanly without an sm_90
-GPU)."""
+"""GPU tests of the FP8 kernels (FA3's descales) against the FA rule with ref = the fp32
+attention of the dequantized inputs (e4m3 * descale) and out_pt = what the kernels compute in
+lower precision: for the decode kernels (e4m3 K/V, bf16 or e4m3 q) the bf16 attention of
+bf16(e4m3 * descale); for the prefill kernels (FP8 wgmmas) FA3's FP8 rule emulated in fp32, P
+rounded to e4m3 (``fa4_aot.testing.fp8_attention_ref``). Skip cleanly without an sm_90 GPU."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import fa4_aot  # noqa: E402
-from fa4_aot.testing import attention_ref, check_close  # noqa: E402
+from conftest import memo_plan  # noqa: E402
+from fa4_aot.testing import (attention_ref, check_close, dequantize,  # noqa: E402
+                             fp8_attention_ref)
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = pytest.mark.skipif(
@@ -21,14 +24,6 @@ E4M3 = torch.float8_e4m3fn
 def _fp8_enabled(monkeypatch):
     from fa4_aot.validate import FP8_ENV
     monkeypatch.setenv(FP8_ENV, "1")
-
-
-def _dequant(x, descale, heads):
-    """(b, s, hx, d) e4m3 times its (b, hk) descale (per KV head: query heads share theirs)."""
-    b, _, hx, _ = x.shape
-    per = descale.repeat_interleave(hx // descale.shape[1], dim=1) if hx != descale.shape[1] \
-        else descale
-    return x.float() * per.view(b, 1, hx, 1)
 
 
 def _case(b, sq, sk, h, hk, d, fp8_q, scale=(1.0, 1.0, 1.0), seed=0, fill=None):
@@ -47,8 +42,8 @@ def _case(b, sq, sk, h, hk, d, fp8_q, scale=(1.0, 1.0, 1.0), seed=0, fill=None):
 
 def _check(out, q_in, k8, v8, ds, fp8_q, **kw):
     qd, kd, vd = ds
-    qf = _dequant(q_in, qd, q_in.shape[2]) if fp8_q else q_in.float()
-    kf, vf = _dequant(k8, kd, k8.shape[2]), _dequant(v8, vd, v8.shape[2])
+    qf = dequantize(q_in, qd) if fp8_q else q_in.float()
+    kf, vf = dequantize(k8, kd), dequantize(v8, vd)
     ref, _ = attention_ref(qf, kf, vf, **kw)
     ref_pt, _ = attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False, **kw)
     check_close(out, ref, ref_pt)
@@ -103,3 +98,19 @@ def test_fp8_paged_split_and_expanded_descales():
         v = vc[table[i]].reshape(1, -1, hk, d)[:, :n]
         _check(out[i:i + 1], q[i:i + 1], k, v, (None, kd[i:i + 1], vd[i:i + 1]), False,
                causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,s,h,hk", [(2, 1000, 8, 8), (1, 4096, 16, 4), (3, 333, 4, 1)])
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 1e3])
+def test_fp8_prefill_matches_the_fp8_rule(causal, b, s, h, hk, scale):
+    """The FP8 prefill kernels (dense e4m3 q, k, v; FP8 wgmmas, P in e4m3)."""
+    q, k8, v8, ds = _case(b, s, s, h, hk, 128, True, scale=(scale,) * 3, seed=s + h)
+    fa4_aot.interface.clear_memo()
+    out = fa4_aot.attention(q, k8, v8, causal=causal, q_descale=ds[0], k_descale=ds[1],
+                            v_descale=ds[2])
+    assert "_decode_" not in memo_plan().launches[0].name  # the FP8 prefill kernel ran
+    ref, _ = attention_ref(dequantize(q, ds[0]), dequantize(k8, ds[1]), dequantize(v8, ds[2]),
+                           causal=causal)
+    emulated, _ = fp8_attention_ref(q, k8, v8, *ds, causal=causal)
+    check_close(out, ref, emulated)

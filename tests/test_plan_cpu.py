@@ -117,10 +117,10 @@ def test_empty_calls_launch_nothing():
 
 def test_choice_table_rows():
     forms = [r.form for r in KERNEL_CHOICE]
-    assert forms[-1] == "plain" and set(forms) == {"decode_wide", "decode", "m128", "long_kv",
-                                                   "plain"}
+    assert forms[-1] == "plain" and set(forms) == {"fp8_prefill", "decode_wide", "decode",
+                                                   "m128", "long_kv", "plain"}
     assert all(r.why and r.rules for r in KERNEL_CHOICE)
-    assert [r.form for r in KERNEL_CHOICE if r.optional] == ["m128", "long_kv"]
+    assert [r.form for r in KERNEL_CHOICE if r.optional] == ["fp8_prefill", "m128", "long_kv"]
 
 
 class _Without(FakeManifest):

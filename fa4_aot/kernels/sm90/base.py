@@ -82,6 +82,12 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         self.q_dtype = DTYPES[cfg.q_storage]
         self.kv_dtype = DTYPES[cfg.kv_storage]
         self.convert_kv = bool(cfg.fp8)
+        # The MMAs' operand type (the FP8 prefill kernels: e4m3) and whether V is the K-major
+        # B operand of O += P V (FP8 wgmma: V transposed by the runtime) rather than MN-major.
+        self.mma_dtype = self.dtype
+        self.v_k_major = False
+        # The epilogue multiplies O by the tile's v_descale (``Frags.conv[1]``; FP8 prefill).
+        self.o_descale = False
         self.hd = cfg.head_dim
         self.tile_m = cfg.tile.m
         self.tile_n = cfg.tile.n
@@ -125,7 +131,7 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         """The MMAs and the shared-memory layouts of Q, K and V (K and V in ``kv_dtype`` with
         ``stages`` stages: by default ``dtype``, kv_stages, one stage for a TMA box of
         ``kv_rows`` keys)."""
-        dt = self.dtype
+        dt = self.mma_dtype
         kv_rows = kv_rows or self.tile_n
         qk_tiler = (self.tile_m, kv_rows, self.hd)
         pv_tiler = (self.tile_m, self.hd, kv_rows)
@@ -133,8 +139,10 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
             (self.num_mma_wg, 1, 1), (64, self.tile_n),
         )
+        v_major = (warpgroup.OperandMajorMode.K if cutlass.const_expr(self.v_k_major)
+                   else warpgroup.OperandMajorMode.MN)
         mma_pv = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            dt, dt, warpgroup.OperandMajorMode.K, v_major, Float32,
             (self.num_mma_wg, 1, 1), (64, self.hd), warpgroup.OperandSource.RMEM,
         )
         sQ = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, self.q_stages)
@@ -142,7 +150,9 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             stages = self.kv_stages if kv_rows == self.tile_n else 1
         kd = kv_dtype or dt
         sK = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, kd, stages)
-        sV = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, kd, stages)
+        sV = sm90_utils.make_smem_layout_b(
+            LayoutEnum.ROW_MAJOR if cutlass.const_expr(self.v_k_major) else LayoutEnum.COL_MAJOR,
+            pv_tiler, kd, stages)
         return mma_qk, mma_pv, sQ, sK, sV
 
     def _stage_layouts(self):
@@ -174,10 +184,11 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
     def launch(self, mQ, mK, mV, groups, stream):
         """The launch of ``__call__`` (traced): ``groups`` are its launch-ABI groups, in the
         spec's order (FWD_SM90; FWD_SM90_FP8 adds Quant)."""
-        dt = self.dtype
+        dt = self.mma_dtype
         _, _, sQ_layout, _, _ = self._mmas_and_layouts()
         (sK_layout, sV_layout), conv_layouts = self._stage_layouts()
-        # V seen as (d, seqlen_k, kv_heads, batch): the MN-major B operand of O += P V.
+        # V seen as (d, seqlen_k, kv_heads, batch): the B operand of O += P V (MN-major; the
+        # FP8 prefill kernels' transposed V, keys innermost: K-major).
         mVt = cute.make_tensor(
             mV.iterator,
             cute.make_layout(
@@ -221,7 +232,7 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
             sK: cute.struct.Align[cute.struct.MemRange[kdt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[kdt, cute.cosize(sV_layout)], 1024]
             if cutlass.const_expr(self.convert_kv):
-                # The bf16 K and V the MMAs read, converted from a stage (FP8 kernels).
+                # The bf16 K and V the MMAs read, converted from a stage (FP8 decode kernels).
                 cK: cute.struct.Align[cute.struct.MemRange[dt, cK_size], 1024]
                 cV: cute.struct.Align[cute.struct.MemRange[dt, cK_size], 1024]
             if cutlass.const_expr(self.o_buffer):
@@ -424,7 +435,16 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         """This tile's Q in shared memory: waits for the producer's TMA load (``q_by_tma``)."""
         pipe_q.consumer_wait(q_state)
 
-    def tile_frags(self, f: Frags, t: TileInfo, staged):
+    def make_p_frag(self, acc_S):
+        """The register A operand of O += P V: P as 16-bit values, each where its fp32 value
+        stands in the accumulator (:func:`~.ptx.acc_as_a_layout`)."""
+        return cute.make_rmem_tensor(acc_as_a_layout(acc_S.layout), self.dtype)
+
+    def tile_softmax(self, softmax: Softmax, f: Frags):
+        """The Softmax group of the tile in hand (FP8 prefill: scaled by its descales)."""
+        return softmax
+
+    def tile_frags(self, f: Frags, t: TileInfo, shape: Shape, staged):
         """The fragments of tile ``t`` (FP8 kernels add its stages and descales: ``conv``).
         ``staged``: (K stages, V stages, the K and V the MMAs read, the Quant group or None)."""
         return f
@@ -451,7 +471,7 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         thr_pv = mma_pv.get_slice(wg_threads(wg))
         acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((self.tile_m, self.tile_n)))
         acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((self.tile_m, self.hd)))
-        tOrP = cute.make_rmem_tensor(acc_as_a_layout(acc_S.layout), self.dtype)
+        tOrP = self.make_p_frag(acc_S)
         # Coordinates of the accumulator values are computed from tidx where needed (an
         # identity-tensor partition gets hoisted into ~100 live registers and spills).
         acc_S_mn = acc_mn_view(acc_S)
@@ -503,15 +523,16 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
                     f.acc_O.fill(0.0)
                     f.row_max.fill(-Float32.inf)
                     f.row_sum.fill(0.0)
-                    f_tile = self.tile_frags(f, t, staged)
+                    f_tile = self.tile_frags(f, t, shape, staged)
                     self.acquire_q(tidx, sQ, pipe_q, q_state, t, ptrs, strides, shape, f_tile)
                     # This tile's Q stage (with two, the producer loads the next tile's Q into
                     # the other one while this tile runs).
                     q_stage = q_state.index if cutlass.const_expr(self.q_stages > 1) else 0
                     f_tile = dataclasses.replace(f_tile,
                                                  tSrQ=f_tile.tSrQ[None, None, None, q_stage])
+                    sm_tile = self.tile_softmax(softmax, f_tile)
                     args = (tidx, f_tile, (pipe_k, pipe_v), k_state, v_state, t, (n_min, n_max),
-                            shape, softmax)
+                            shape, sm_tile)
                     if cutlass.const_expr(self.edge_n > 0):
                         # Tile.edge_width: tiles whose first block can be trimmed take a copy
                         # of the mainloop of their own, chosen here, where no wgmma is in
@@ -528,27 +549,27 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
                     else:
                         k_state, v_state = self.mainloop(*args)
                     if cutlass.const_expr(self.lazy_ref):
-                        self.tile_guard(tidx, f, t, redo, shape, softmax,
+                        self.tile_guard(tidx, f, t, redo, shape, sm_tile,
                                         (n_min, n_max), opaque_u32(sQ.iterator.toint())
                                         + q_stage * self.q_bytes)
                     if cutlass.const_expr(self.o_buffer):
                         # O passes through the O buffer: Q is free once the mainloop is done.
                         pipe_q.consumer_release(q_state)
                         q_state.advance()
-                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax,
+                        self.epilogue(tidx, f_tile, t, ptrs, strides, shape, sm_tile,
                                       (opaque_u32(o_buf[0]), o_buf[1], o_phase))
                         o_phase = o_phase ^ 1
                     elif cutlass.const_expr(self.staged_store):
                         # O passes through this Q stage: released once it is read back.
                         q_base = opaque_u32(sQ.iterator.toint()) + q_stage * self.q_bytes
-                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax, (q_base,))
+                        self.epilogue(tidx, f_tile, t, ptrs, strides, shape, sm_tile, (q_base,))
                         pipe_q.consumer_release(q_state)
                         q_state.advance()
                     else:
                         if cutlass.const_expr(self.q_by_tma):
                             pipe_q.consumer_release(q_state)
                             q_state.advance()
-                        self.epilogue(tidx, f, t, ptrs, strides, shape, softmax)
+                        self.epilogue(tidx, f_tile, t, ptrs, strides, shape, sm_tile)
                 if cutlass.const_expr(self.trace):
                     if tidx == 0:
                         # (SM, CTA, start ns, end ns) of this tile; the tile index is unique.

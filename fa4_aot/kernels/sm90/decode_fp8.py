@@ -18,16 +18,17 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int64
+from cutlass import Float32
 
 from .decode import FlashFwdSm90Decode
+from .fp8 import Fp8Inputs
 from .mainloop import Mainloop
-from .state import Frags, Ptrs, Redo, Shape, Softmax, Strides, TileInfo
+from .state import Frags, Ptrs, Shape, TileInfo
 
 CHUNK = 16  # elements converted per thread and step: 16 bytes of e4m3
 
 
-class FlashFwdSm90DecodeFp8(FlashFwdSm90Decode):
+class FlashFwdSm90DecodeFp8(Fp8Inputs, FlashFwdSm90Decode):
 
     def __init__(self, cfg):
         assert cfg.fp8, cfg.name
@@ -35,39 +36,15 @@ class FlashFwdSm90DecodeFp8(FlashFwdSm90Decode):
         assert self.num_mma_wg == 1 and self.hd % CHUNK == 0
         assert (self.tile_n * self.hd // CHUNK) % 128 == 0, "stage chunks per thread"
 
-    @cute.jit
-    def __call__(
-        self,
-        mQ: cute.Tensor,  # (seqlen_q, d, heads, batch)
-        mK: cute.Tensor,  # (seqlen_k, d, kv_heads, batch), e4m3
-        mV: cute.Tensor,  # (seqlen_k, d, kv_heads, batch), e4m3
-        ptrs: Ptrs,
-        strides: Strides,
-        shape: Shape,
-        softmax: Softmax,
-        redo: Redo,
-        quant,
-        stream,
-    ):
-        self.launch(mQ, mK, mV, (ptrs, strides, shape, softmax, redo, quant), stream)
-
     # ------------------------------------------------------------------ descales
-    @staticmethod
-    def descale(ptr, stride_b, stride_h, batch, head):
-        """The fp32 descale of (batch, KV head)."""
-        return cute.make_tensor(ptr + (Int64(batch) * stride_b + Int64(head) * stride_h),
-                                cute.make_layout(1))[0]
-
-    def tile_frags(self, f: Frags, t: TileInfo, staged):
+    def tile_frags(self, f: Frags, t: TileInfo, shape: Shape, staged):
+        """The tile's stages and descales (packed GQA: a tile is one KV head, ``t.head``)."""
         sK, sV, cK, cV, quant = staged
-        kd = self.descale(quant.k_descale, quant.k_descale_stride_b, quant.k_descale_stride_h,
-                          t.batch, t.head)
-        vd = self.descale(quant.v_descale, quant.v_descale_stride_b, quant.v_descale_stride_h,
-                          t.batch, t.head)
+        kd = self.descale(quant, "k", t.batch, t.head)
+        vd = self.descale(quant, "v", t.batch, t.head)
         qd = Float32(1.0)
         if cutlass.const_expr(self.cfg.fp8 == "qkv"):
-            qd = self.descale(quant.q_descale, quant.q_descale_stride_b,
-                              quant.q_descale_stride_h, t.batch, t.head)
+            qd = self.descale(quant, "q", t.batch, t.head)
         return dataclasses.replace(f, conv=(sK, sV, cK, cV, kd, vd, qd))
 
     # ------------------------------------------------------------------ e4m3 -> bf16

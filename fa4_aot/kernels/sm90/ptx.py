@@ -175,3 +175,22 @@ def frag_col_static(c: int) -> int:
     """Static part of the column of value ``c`` in an accumulator row (the thread adds
     2 * (lane % 4)): values come in pairs of adjacent columns, pairs 8 columns apart."""
     return (c // 2) * 8 + c % 2
+
+
+@dsl_user_op
+def pack_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Uint32:
+    """Four fp32 -> one 32-bit word of four e4m3 (a in the low byte, d in the high byte),
+    rounded to nearest, saturated to +-448. A side-effecting statement, like
+    :func:`~.ptx.cvt_pair_pinned`: it stays after the wait for the previous PV wgmma."""
+    args = [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
+    return Uint32(llvm.inline_asm(
+        T.i32(), args,
+        "{ .reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,f,f,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
