@@ -1,8 +1,9 @@
 """GPU tests of the FP8 kernels (FA3's descales) against the FA rule with ref = the fp32
 attention of the dequantized inputs (e4m3 * descale) and out_pt = what the kernels compute in
-lower precision: for the decode kernels (e4m3 K/V, bf16 or e4m3 q) the bf16 attention of
-bf16(e4m3 * descale); for the prefill kernels (FP8 wgmmas) FA3's FP8 rule emulated in fp32, P
-rounded to e4m3 (``fa4_aot.testing.fp8_attention_ref``). Skip cleanly without an sm_90 GPU."""
+lower precision: for the decode kernels (e4m3 K/V converted exactly to bf16, bf16 MMAs and P)
+the bf16 attention of bf16(e4m3 * descale); for the prefill kernels (FP8 wgmmas) FA3's FP8
+rule emulated in fp32, P rounded to e4m3 (``fa4_aot.testing.fp8_attention_ref``). Skip
+cleanly without an sm_90 GPU."""
 
 import pytest
 
@@ -51,10 +52,11 @@ def _check(out, q_in, k8, v8, ds, fp8_q, **kw):
 
 @pytest.mark.parametrize("fp8_q", [False, True], ids=["bf16_q", "e4m3_q"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("mask", ["full", "causal", "window", "softcap"])
 @pytest.mark.parametrize("sq,sk,group", [(1, 1, 4), (1, 1000, 4), (4, 8191, 8), (16, 300, 1)])
 def test_fp8_decode_matches_reference(fp8_q, d, mask, sq, sk, group):
-    kw = {"full": {}, "causal": {"causal": True}, "window": {"window_size": (200, 0)}}[mask]
+    kw = {"full": {}, "causal": {"causal": True}, "window": {"window_size": (200, 0)},
+          "softcap": {"causal": True, "softcap": 5.0}}[mask]  # the descales into softcap_pre
     q, k8, v8, ds = _case(2, sq, sk, 8, 8 // group, d, fp8_q, seed=sq + sk + d)
     out = fa4_aot.attention(q, k8, v8, q_descale=ds[0] if fp8_q else None, k_descale=ds[1],
                             v_descale=ds[2], **kw)

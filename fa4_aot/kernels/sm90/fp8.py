@@ -1,12 +1,13 @@
-"""What the FP8 kernel classes share: the launch with the Quant group (abi.FWD_SM90_FP8) and
-the descale reads."""
+"""What the FP8 kernel classes share: the launch with the Quant group (abi.FWD_SM90_FP8), the
+descale reads, and where the descales go: q_descale * k_descale into the tile's softmax scale
+(``Frags.conv[0]``), v_descale into the epilogue (``conv[1]``, ``o_descale``)."""
 
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Int64
+from cutlass import Float32, Int64
 
-from .state import Ptrs, Redo, Shape, Softmax, Strides
+from .state import Frags, Ptrs, Redo, Shape, Softmax, Strides
 
 
 class Fp8Inputs:
@@ -35,3 +36,16 @@ class Fp8Inputs:
         off = (Int64(batch) * getattr(quant, f"{x}_descale_stride_b")
                + Int64(kv_head) * getattr(quant, f"{x}_descale_stride_h"))
         return cute.make_tensor(ptr + off, cute.make_layout(1))[0]
+
+    @cute.jit
+    def tile_softmax(self, softmax: Softmax, f: Frags):
+        """S comes from the e4m3 values: the true scores are S * q_descale * k_descale. With a
+        softcap (softcap_pre != 0) the scale goes into softcap_pre, the softmax's unit being
+        the cap; otherwise into the softmax scale."""
+        qk = f.conv[0]
+        unit = Float32(1.0)
+        if softmax.softcap_pre == Float32(0.0):
+            unit = qk
+        return softmax._replace(softmax_scale_log2=softmax.softmax_scale_log2 * unit,
+                                softmax_scale=softmax.softmax_scale * unit,
+                                softcap_pre=softmax.softcap_pre * qk)

@@ -27,7 +27,7 @@ from fa4_aot.abi import VT_GROUP
 from .fp8 import Fp8Inputs
 from .prefill import FlashFwdSm90Prefill
 from .ptx import pack_e4m3x4
-from .state import Frags, Shape, Softmax, TileInfo
+from .state import Frags, Shape, TileInfo
 
 
 class FlashFwdSm90PrefillFp8(Fp8Inputs, FlashFwdSm90Prefill):
@@ -49,12 +49,6 @@ class FlashFwdSm90PrefillFp8(Fp8Inputs, FlashFwdSm90Prefill):
         qk = (self.descale(quant, "q", t.batch, kv_head)
               * self.descale(quant, "k", t.batch, kv_head))
         return dataclasses.replace(f, conv=(qk, self.descale(quant, "v", t.batch, kv_head)))
-
-    def tile_softmax(self, softmax: Softmax, f: Frags):
-        """S is (q / q_descale)(k / k_descale)^T: the scale takes both descales."""
-        qk = f.conv[0]
-        return softmax._replace(softmax_scale_log2=softmax.softmax_scale_log2 * qk,
-                                softmax_scale=softmax.softmax_scale * qk)
 
     def make_p_frag(self, acc_S):
         """P's e4m3 A operand: per k32 block four 32-bit registers (row r, then r + 8, for key
