@@ -86,7 +86,7 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         # B operand of O += P V (FP8 wgmma: V transposed by the runtime) rather than MN-major.
         self.mma_dtype = self.dtype
         self.v_k_major = False
-        # The epilogue multiplies O by the tile's v_descale (``Frags.conv[1]``; FP8 prefill).
+        # The epilogue multiplies O by the tile's v_descale (``Frags.conv[1]``; FP8 kernels).
         self.o_descale = False
         self.hd = cfg.head_dim
         self.tile_m = cfg.tile.m
@@ -441,7 +441,7 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         return cute.make_rmem_tensor(acc_as_a_layout(acc_S.layout), self.dtype)
 
     def tile_softmax(self, softmax: Softmax, f: Frags):
-        """The Softmax group of the tile in hand (FP8 prefill: scaled by its descales)."""
+        """The Softmax group of the tile in hand (FP8 kernels: scaled by its descales)."""
         return softmax
 
     def tile_frags(self, f: Frags, t: TileInfo, shape: Shape, staged):

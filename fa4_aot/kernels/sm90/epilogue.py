@@ -34,7 +34,7 @@ class Epilogue:
             if total > 0.0:
                 inv = cute.arch.rcp_approx(total)
                 lse = f.row_max[r] * softmax.softmax_scale + cute.math.log(total, fastmath=True)
-            if cutlass.const_expr(self.o_descale):  # FP8 prefill: times the tile's v_descale
+            if cutlass.const_expr(self.o_descale):  # FP8 kernels: times the tile's v_descale
                 inv = inv * f.conv[1]
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv

@@ -66,6 +66,6 @@ class Frags:
     row_tot: object = None
     # Tile.edge_width: (MMA op, accumulator) of S's wgmmas on a trimmed first block.
     edge: tuple = ()
-    # FP8 kernels: (K stages, V stages (e4m3), the bf16 K and V buffers each stage is
-    # converted into (tSrK / tOrV's), K, V and Q descales) of the tile in hand.
+    # FP8 kernels, of the tile in hand: (q_descale * k_descale, v_descale, ...); the decode
+    # kernels add their e4m3 K and V stages and the bf16 K and V the MMAs read.
     conv: tuple = ()
