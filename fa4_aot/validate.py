@@ -359,7 +359,7 @@ def call_spec(a: Args, device_type: str = "cuda") -> CallSpec:
     descales = tuple(None if t is None else t.stride()
                      for t in (a.q_descale, a.k_descale, a.v_descale))
     return CallSpec(
-        dtype=dtype_names().get(q.dtype, "bf16"), elem_bytes=k.element_size(),
+        dtype=dtype_names()[out_dtype(q)], elem_bytes=k.element_size(),
         q=(tuple(q4.shape), q4.stride()), k=(tuple(k4.shape), k4.stride()),
         v=(tuple(v4.shape), v4.stride()), out=out_view, varlen=a.varlen, batch=b,
         seqlen_q=sq, seqlen_k=sk, heads=h, heads_k=k.shape[-2], head_dim=d,
