@@ -36,7 +36,7 @@ except ImportError:  # the build imports fa4_aot without torch
     torch = None
 
 __all__ = ["attention", "check_varlen", "clear_memo", "set_check_varlen", "select_kernel",
-           "memo_plans", "prepared_calls", "num_sms", "forward"]
+           "memo_plans", "prepared_calls", "num_sms", "forward", "launch_counts"]
 
 _ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 _state_lock = threading.Lock()
@@ -48,8 +48,14 @@ _NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast p
 # each); read when fa4_aot is imported, set_check_varlen() changes it at run time.
 CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
 _check_varlen_always = os.environ.get(CHECK_VARLEN_ENV, "").strip() not in ("", "0")
+# FA4_AOT_COUNT_LAUNCHES=1 (the GPU test suite sets it): count every kernel launch by manifest
+# name (launch_counts()), so that a test can name the kernels no test reached.
+COUNT_LAUNCHES_ENV = "FA4_AOT_COUNT_LAUNCHES"
+_launch_counts = ({} if os.environ.get(COUNT_LAUNCHES_ENV, "").strip() not in ("", "0")
+                  else None)
 MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
 LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch pool
+SCRATCH_ALIGN = 128  # bytes: where every view carved from the scratch pool starts
 
 # The per-call addresses, in the order _Entry.run hands them to the launchers.
 SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace", "seqused_q",
@@ -96,6 +102,13 @@ def memo_plans() -> tuple:
     """The :class:`fa4_aot.plan.LaunchPlan` of each call this thread's memo holds, oldest first
     (``.call`` is its :class:`fa4_aot.plan.CallSpec`, ``.launches`` its kernels and values)."""
     return tuple(e.plan for e in _tls.memo.values())
+
+
+def launch_counts():
+    """{manifest kernel name: launches} of this process since import, or None unless
+    ``FA4_AOT_COUNT_LAUNCHES=1`` was set when fa4_aot was imported (the GPU test suite's
+    kernel-coverage check)."""
+    return None if _launch_counts is None else dict(_launch_counts)
 
 
 def set_check_varlen(enabled: bool):
@@ -207,15 +220,17 @@ class _Entry:
     def _carve(self, q, buf):
         """Views of this entry's scratch in the pool, growing the pool to a power of two
         elements if it is too small (an entry keeps the pool it carved from until its next
-        call, so the pools left behind total less than the current one)."""
-        sizes = [math.prod(s) for s in self.scratch_shapes]
-        if buf is None or buf.numel() < sum(sizes):
-            buf = q.new_empty(1 << max(sum(sizes) - 1, 0).bit_length(), dtype=_float32)
+        call, so the pools left behind total less than the current one). Every view starts
+        on a SCRATCH_ALIGN-byte boundary (the pool's own start is the allocator's, 512-byte
+        aligned): the kernels store the split-KV partials in 8- and 16-byte vectors, and a
+        view placed right after an LSE of an odd number of floats would be 4-byte aligned
+        only (docs/design.md#alignment)."""
+        starts, end = scratch_layout(self.scratch_shapes)
+        if buf is None or buf.numel() < end:
+            buf = q.new_empty(1 << max(end - 1, 0).bit_length(), dtype=_float32)
             _tls.pools[self.pool_key] = buf
-        views, at = [], 0
-        for shape, n in zip(self.scratch_shapes, sizes):
-            views.append(buf[at:at + n].view(shape))
-            at += n
+        views = [buf[at:at + math.prod(shape)].view(shape)
+                 for shape, at in zip(self.scratch_shapes, starts)]
         self.pool, self.pooled = buf, views
         return buf, views
 
@@ -248,7 +263,21 @@ class _Entry:
             addrs += tuple(0 if t is None else t.data_ptr() for t in descales)
         for launcher in self.launchers:
             launcher(addrs)
+        if _launch_counts is not None:
+            for kl in self.plan.launches:
+                _launch_counts[kl.name] = _launch_counts.get(kl.name, 0) + 1
         return out, lse
+
+
+def scratch_layout(shapes) -> tuple:
+    """(start of each fp32 view, total elements) of scratch views laid end to end, each start
+    rounded up to SCRATCH_ALIGN bytes."""
+    step = SCRATCH_ALIGN // 4
+    starts, at = [], 0
+    for shape in shapes:
+        starts.append(at)
+        at += -(-math.prod(shape) // step) * step
+    return tuple(starts), at
 
 
 def _build_entry(p, a: Args, stream) -> _Entry:
