@@ -31,10 +31,17 @@ What :func:`attention_forward` does with it (query/key/value arrive (batch, head
   host sync per forward (memoised on the mask tensor, shared by all layers) and runs as one
   dense call instead; on a static cache it takes the whole buffer with ``seqused_k`` = the
   filled length, so its shapes, and so its prepared launch, stay the same from step to step.
-* packed sequences: ``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs (as transformers'
-  ``DataCollatorWithFlattening`` produces), or batch 1 with ``position_ids`` restarting at 0
-  (detected with one host sync per forward, as transformers' flash backends do; not under
-  torch.compile - pass the cu_seq_lens kwargs there) -> one varlen call.
+* packed sequences (no mask: none was given, or transformers dropped an all-ones one) -> one
+  varlen call: ``cu_seq_lens_q/k`` (+ ``max_length_q/k``) kwargs, as transformers'
+  ``DataCollatorWithFlattening`` produces them, or batch 1 with ``position_ids`` that are not
+  one increasing run (each restart at their minimum starts a document; detected with one host
+  sync per forward, not under torch.compile / CUDA-graph capture - pass the cu_seq_lens kwargs
+  there). As in transformers' flash backends, packing is read from the position ids alone,
+  whatever the cache: the row's tokens are the first rows of K/V, which holds with no cache and
+  with a fresh one (dynamic: K/V are the new tokens; static: a buffer whose first slots they
+  fill), so the offsets serve both sides (packed positions against a filled cache break that
+  rule, here as there). A step against a cache continues one run of positions (decode, a
+  chunk) and is not packing.
 * ``sliding_window`` w -> ``window_size=(w - 1, 0)`` causal (``(w - 1, w - 1)`` otherwise), as
   transformers' flash backends; ``softcap``, ``scaling``, GQA/MQA, bf16/fp16.
 
@@ -210,26 +217,30 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     position_ids = kwargs.get("position_ids")
+    sk = k.shape[1]
     if attention_mask is not None:
         out = _masked(q, k, v, attention_mask, sliding_window, kw)
     elif cu_q is not None and cu_k is not None:
         out = _varlen(q, k, v, cu_q, cu_k, kwargs.get("max_length_q"),
                       kwargs.get("max_length_k"), sliding_window, kw)
-    elif (sq > 1 and sq == k.shape[1] and b == 1 and position_ids is not None
+    elif (sq > 1 and b == 1 and position_ids is not None and position_ids.shape == (1, sq)
+          and (sk == sq or (causal and sk > sq))  # self-attention; sk > sq: a static buffer
           and not _tracing()
           and _memo_get("packed", position_ids, lambda p: is_packed(p, 1))):
+        # the documents are the row's tokens, the first sq rows of K/V: one set of offsets
         cu, mx = _memo_get("posids", position_ids, cu_seqlens_from_position_ids)
         out = _varlen(q, k, v, cu, cu, mx, mx, sliding_window, kw)
     else:
         used_k = None
-        if (sq < k.shape[1] and position_ids is not None and position_ids.dim() == 2
+        if (sq < sk and position_ids is not None and position_ids.dim() == 2
                 and position_ids.shape[-1] == sq):
             # static cache: the buffer is longer than what is filled; the last query's position
-            # + 1 is the filled length (no padding here: padding comes with a mask)
+            # + 1 is the filled length (no padding here: padding comes with a mask; one run of
+            # positions: packed rows take the branch above, outside tracing)
             def used(p):
                 return (p[:, -1] + 1).to(torch.int32).expand(b).contiguous()
             used_k = used(position_ids) if _tracing() else _memo_get(("used", b), position_ids, used)
-        out = _call(q, k, v, window_size=window_size(sliding_window, causal, k.shape[1]),
+        out = _call(q, k, v, window_size=window_size(sliding_window, causal, sk),
                     seqused_k=used_k, **kw)
     if dv != d:
         out = out[..., :dv]
