@@ -5,7 +5,7 @@
 
 Case ``i`` of family ``f`` is drawn from ``random.Random(f"{seed}:{f}:{i}")``: the same list on
 every machine and run. Every axis a call can take is drawn: head dim (64, 96, 128, 192, 256),
-bf16 / fp16 / e4m3 K/V (bf16 or e4m3 q), lengths 1 .. 4097 (odd, powers of two and their
+bf16 / fp16 / e4m3 K/V (bf16 or e4m3 q), token-major or head-major q/k/v, lengths 1 .. 4097 (odd, powers of two and their
 neighbours, seqlen_q != seqlen_k), 1 .. 64 query heads (odd counts too) on any divisor as KV
 heads, no mask / causal / sliding window / softcap, ``return_lse``, a preallocated NaN-filled
 ``out``, and the forms (:data:`FAMILIES`): dense prefill (every scheduler), varlen, decode
@@ -66,6 +66,7 @@ class Case:
     docs_q: tuple = ()  # varlen / chunked: query rows per document
     docs_k: tuple = ()  # varlen: keys per document; paged / chunked: seqused_k
     descale: float = 1.0  # FP8: the order of magnitude of the descales
+    head_major: bool = False  # q/k/v as (b, h, s, d) storage seen through .transpose(1, 2)
 
     @property
     def causal(self) -> bool:
@@ -133,7 +134,8 @@ def draw(family: str, index: int, seed: int = 0, small: bool = False) -> Case:
     h, hk = _heads(r)
     mask, window, softcap = _mask(r)
     kw = dict(family=family, index=index, dtype=dtype, d=d, h=h, hk=hk, mask=mask,
-              window=window, softcap=softcap, lse=r.random() < 0.5, out=r.random() < 0.5)
+              window=window, softcap=softcap, lse=r.random() < 0.5, out=r.random() < 0.5,
+              head_major=r.random() < 0.3)
     if family == "dense":
         b, sq, sk = _fit(r.randint(1, 4), h, _length(r, hi), _length(r, hi))
         sched = r.choice(("auto", "auto", "single", "static", "steal"))
@@ -249,17 +251,23 @@ def make_call(c: Case, device="cuda"):
     q_dtype = e4m3 if c.dtype == "e4m3qkv" else half
     kv_dtype = e4m3 if c.dtype.startswith("e4m3") else half
 
-    def randn(*shape, dtype):
+    def randn(*shape, dtype, tokens=False):
+        """``tokens``: a (.., s, h, d) q/k/v, stored head-major for ``head_major`` (the
+        layout attention modules hand over: (b, h, s, d).transpose(1, 2))."""
+        if tokens and c.head_major:
+            *lead, s_, h_, d_ = shape
+            x = torch.randn(*lead, h_, s_, d_, device=device, generator=g).to(dtype)
+            return x.transpose(-3, -2)
         return torch.randn(*shape, device=device, generator=g).to(dtype)
 
     kw = dict(causal=c.causal, return_lse=c.lse, scheduler=c.scheduler,
               window_size=c.window, softcap=c.softcap, num_splits=c.num_splits)
     pieces = {}
     if c.docs_q:  # varlen / chunked: packed queries
-        q = randn(sum(c.docs_q), c.h, c.d, dtype=q_dtype)
+        q = randn(sum(c.docs_q), c.h, c.d, dtype=q_dtype, tokens=True)
         kw.update(cu_seqlens_q=_offsets(c.docs_q, device), max_seqlen_q=max(c.docs_q))
     else:
-        q = randn(c.b, c.sq, c.h, c.d, dtype=q_dtype)
+        q = randn(c.b, c.sq, c.h, c.d, dtype=q_dtype, tokens=True)
     if c.page:  # the keys of each sequence in a permuted pool of pages
         per_seq = max(1, -(-max(c.docs_k) // c.page))
         pool = c.b * per_seq + 3
@@ -270,12 +278,12 @@ def make_call(c: Case, device="cuda"):
         kw.update(page_table=table,
                   seqused_k=torch.tensor(c.docs_k, dtype=torch.int32, device=device))
     elif c.docs_k:  # varlen: packed keys
-        k = randn(sum(c.docs_k), c.hk, c.d, dtype=kv_dtype)
-        v = randn(sum(c.docs_k), c.hk, c.d, dtype=kv_dtype)
+        k = randn(sum(c.docs_k), c.hk, c.d, dtype=kv_dtype, tokens=True)
+        v = randn(sum(c.docs_k), c.hk, c.d, dtype=kv_dtype, tokens=True)
         kw.update(cu_seqlens_k=_offsets(c.docs_k, device), max_seqlen_k=max(c.docs_k))
     else:
-        k = randn(c.b, c.sk, c.hk, c.d, dtype=kv_dtype)
-        v = randn(c.b, c.sk, c.hk, c.d, dtype=kv_dtype)
+        k = randn(c.b, c.sk, c.hk, c.d, dtype=kv_dtype, tokens=True)
+        v = randn(c.b, c.sk, c.hk, c.d, dtype=kv_dtype, tokens=True)
     descales = None
     if kv_dtype == e4m3:  # FA3's (batch, heads_k) descales around 10 ** k
         descales = [(torch.rand(c.b, c.hk, device=device, generator=g) * 0.5 + 0.75)

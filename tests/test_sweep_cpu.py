@@ -24,6 +24,7 @@ def test_cases_are_fixed_by_the_seed():
     assert {c.d for c in drawn} == set(sweep.HEAD_DIMS)
     assert {c.dtype for c in drawn} == {"bf16", "fp16", "e4m3kv", "e4m3qkv"}
     assert any(c.h % 2 and c.h > 1 for c in drawn) and any(c.sq % 2 and c.sq > 1 for c in drawn)
+    assert {c.head_major for c in drawn} == {False, True}
     assert {c.mask for c in drawn} >= {"none", "causal", "window", "softcap", "causal_softcap"}
     assert all(max(c.sq, c.sk) <= 1100 for c in sweep.cases(count=20, small=True)
                if c.family != "kernels")
