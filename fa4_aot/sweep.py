@@ -1,23 +1,25 @@
 """A seeded random sweep of valid calls, each checked against an fp32 reference.
 
-    python -m fa4_aot.sweep --cases 2000 --out sweep_logs      # on an H100/H200
+    python -m fa4_aot.sweep --cases 150 --out sweep_logs       # on an H100/H200
     python -m fa4_aot.sweep --family paged --cases 50 --inline  # one process (compute-sanitizer)
 
 Case ``i`` of family ``f`` is drawn from ``random.Random(f"{seed}:{f}:{i}")``: the same list on
 every machine and run. Every axis a call can take is drawn: head dim (64, 96, 128, 192, 256),
-bf16 / fp16 / e4m3 K/V (bf16 or e4m3 q), token-major or head-major q/k/v, lengths 1 .. 4097 (odd, powers of two and their
-neighbours, seqlen_q != seqlen_k), 1 .. 64 query heads (odd counts too) on any divisor as KV
-heads, no mask / causal / sliding window / softcap, ``return_lse``, a preallocated NaN-filled
-``out``, and the forms (:data:`FAMILIES`): dense prefill (every scheduler), varlen, decode
-(short queries: the packed-GQA kernels), paged KV (pages 16 .. 256, permuted, seqused_k),
-split-KV, chunked prefill (packed queries over a paged cache).
+bf16 / fp16 / e4m3 K/V (bf16 or e4m3 q, descales 1e-4 .. 1e4), token-major or head-major
+q/k/v, lengths 1 .. 4097 (odd, powers of two and their neighbours, seqlen_q != seqlen_k),
+1 .. 64 query heads (odd counts too) on any divisor as KV heads, no mask / causal / sliding
+window / softcap, ``return_lse``, a preallocated NaN-filled ``out``, and the forms
+(:data:`FAMILIES`): dense prefill (every scheduler), varlen, decode (short queries: the
+packed-GQA kernels), paged KV (pages 16 .. 256, permuted, seqused_k), split-KV, chunked
+prefill (packed queries over a paged cache), FP8 on each of them; family ``kernels`` adds one
+call per sm_90a kernel of the configuration space (:func:`kernel_case`).
 
 Each call is synchronised before its check, so a fault is pinned to the call that caused it;
-the check is FlashAttention's rule (:func:`fa4_aot.testing.check_close`) on the output and a
-tolerance on the LSE. Without ``--inline`` the cases run in a child process and a case that
-leaves the CUDA context in an error state is recorded as ``crash`` and the sweep goes on from
-the next case in a fresh child. Pure Python until :func:`run_case` (the CPU tests draw and plan
-the cases without a GPU).
+the check is FlashAttention's rule (:func:`fa4_aot.testing.check_close_lower`) on the output
+and a tolerance on the LSE. Without ``--inline`` the cases run in a child process and a case
+that leaves the CUDA context in an error state is recorded as ``crash`` (one that hangs, as
+``hang``) and the sweep goes on from the next case in a fresh child. Drawing needs no torch;
+the CPU tests run every case through the host path with a fake driver.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ MAX_REF_ELEMS = 1 << 27  # scores of the reference (batch * heads * sq * sk), fp
 EXIT_FAILED_CASE = 3  # the child's exit status after a case it could not finish
 CASE_TIMEOUT_S = 180  # a case still running after this is recorded as a hang
 FP8_DRAW_OFFSET = 1_000_000  # an FP8 case draws its form's case of this index + its own
+HOPPER_SMS = 132  # H100 / H200 SXM: the device the kernel cases choose their lengths for
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,8 @@ def _heads(r: random.Random) -> tuple:
     return h, r.choice(divisors)
 
 
-def _mask(r: random.Random, softcap_ok: bool = True) -> tuple:
-    masks = ["none", "causal", "window"] + (["softcap", "causal_softcap"] if softcap_ok else [])
-    mask = r.choice(masks)
+def _mask(r: random.Random) -> tuple:
+    mask = r.choice(("none", "causal", "window", "softcap", "causal_softcap"))
     window = (-1, -1)
     if mask == "window":
         window = r.choice(((r.randint(0, 600), 0), (r.randint(0, 600), r.randint(0, 600)),
@@ -125,8 +127,8 @@ def _docs(r: random.Random, n: int, hi: int) -> tuple:
 
 def draw(family: str, index: int, seed: int = 0, small: bool = False) -> Case:
     """Case ``index`` of ``family`` (``small``: lengths <= 1100, for compute-sanitizer)."""
-    if family not in FAMILIES or family == "kernels":
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if family not in FAMILIES or family == "kernels":  # kernels: kernel_cases()
+        raise ValueError(f"family must be one of {FAMILIES[:-1]}, got {family!r}")
     r = random.Random(f"{seed}:{family}:{index}")
     hi = 1100 if small else 4097
     d = r.choice(HEAD_DIMS)
@@ -204,8 +206,9 @@ def kernel_case(cfg, index: int = 0, small: bool = False) -> Case:
         g = r.choice((1, 3, 5, 8, 16))
         return Case(b=r.randint(1, 4), sq=sq, sk=_length(r, hi), h=g * hk, hk=hk,
                     num_splits=r.choice((None, 1, 4)), **kw)
-    from .configs import TILES_LONG_KV
+    from .configs import TILES, TILES_LONG_KV, TILES_M128
     long_kv_dims = TILES_LONG_KV.get(cfg.arch, {})
+    tall = TILES[cfg.arch][cfg.head_dim]  # the tile whose 128-row alternative is m128
     for _ in range(1000):  # no GQA (the prefill kernels at any length); lengths on which the
         h = r.choice((1, 2, 3, 5, 8, 16, 24))  # planner takes this kernel's tile
         if cfg.long_kv:
@@ -217,9 +220,10 @@ def kernel_case(cfg, index: int = 0, small: bool = False) -> Case:
             continue
         if cfg.causal and cfg.head_dim in long_kv_dims and prefer_long_kv(sq, sk) != cfg.long_kv:
             continue
-        if cfg.head_dim == 64 and cfg.scheduler == "steal" and not (cfg.local or cfg.softcap):
-            if prefer_m128(192, 128, sq, sk, cfg.causal, h, 132) != cfg.m128:
-                continue
+        if (cfg.head_dim in TILES_M128.get(cfg.arch, {}) and cfg.scheduler == "steal"
+                and not (cfg.local or cfg.softcap)
+                and prefer_m128(tall.m, tall.n, sq, sk, cfg.causal, h, HOPPER_SMS) != cfg.m128):
+            continue
         break
     return Case(b=1, sq=sq, sk=sk, h=h, hk=h, **kw)
 
@@ -329,7 +333,7 @@ def _dense_refs(q, k, v, descales, mask_kw):
     ref, lse = attention_ref(qf, kf, vf, **mask_kw)
     pts = [attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False,
                          **mask_kw)[0]]
-    if e4m3_q and set(mask_kw) <= {"causal"}:
+    if e4m3_q and set(mask_kw) <= {"causal"} and k.shape[1] > 0:
         pts.append(fp8_attention_ref(q, k, v, qd, kd, vd, **mask_kw)[0])
     return ref, pts, lse
 

@@ -73,7 +73,7 @@ def test_fp8_extreme_descales(scale, fp8_q):
     _check(out, q, k8, v8, ds, fp8_q, causal=True)
 
 
-@pytest.mark.parametrize("fill", [0.0, 448.0])
+@pytest.mark.parametrize("fill", [0.0, 448.0, -448.0])
 def test_fp8_zero_and_saturating_inputs(fill):
     q, k8, v8, ds = _case(2, 1, 700, 8, 2, 128, True, fill=fill)
     out = fa4_aot.attention(q, k8, v8, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
@@ -118,3 +118,31 @@ def test_fp8_prefill_matches_the_fp8_rule(causal, b, s, h, hk, scale):
     bf16, _ = attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False,
                             causal=causal)
     check_close_lower(out, ref, [emulated, bf16])
+
+
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
+@pytest.mark.parametrize("which,value", [("q", 0.0), ("k", 0.0), ("v", 0.0),
+                                         ("q", float("nan")), ("k", float("inf")),
+                                         ("v", float("inf")), ("k", float("nan"))])
+def test_fp8_zero_and_nonfinite_descales(prefill, which, value):
+    """A zero q/k descale makes every score 0 (uniform attention), a zero v descale a zero
+    output; a NaN or infinite descale makes the output of its (batch, KV head) non-finite and
+    leaves every other row as it is (docs/design.md#fp8)."""
+    sq = 300 if prefill else 2
+    q, k8, v8, ds = _case(2, sq, 700, 8, 2, 128, True, seed=5)
+    ds[{"q": 0, "k": 1, "v": 2}[which]][1, 0] = value
+    out = fa4_aot.attention(q, k8, v8, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+    torch.cuda.synchronize()
+    hit = out[1, :, :4]  # batch 1, the query heads of KV head 0
+    rest = torch.cat([out[0].flatten(), out[1, :, 4:].flatten()])
+    assert torch.isfinite(rest).all()
+    if value != value or value == float("inf"):
+        assert not torch.isfinite(hit).any()
+        return
+    assert torch.isfinite(hit).all()
+    qf, kf, vf = dequantize(q, ds[0]), dequantize(k8, ds[1]), dequantize(v8, ds[2])
+    ref, _ = attention_ref(qf, kf, vf)
+    pts = [attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False)[0]]
+    if prefill:
+        pts.append(fp8_attention_ref(q, k8, v8, *ds)[0])
+    check_close_lower(out, ref, pts)

@@ -51,10 +51,18 @@ TREE = "tree"      # pairwise tree over the row (sm_90a)
 CHAINS4 = "chains4"  # four interleaved chains (value c into chain c % 4), then ((0,1),(2,3)) (sm_100a)
 
 
+def _exponent(x, m_safe, shift, scale_log2, exact_shift: bool):
+    """exp2's argument for score ``x`` (online_softmax_row's ``exact_shift``)."""
+    if exact_shift:
+        return (x - m_safe) * scale_log2
+    return x * scale_log2 - shift
+
+
 @cute.jit
 def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_log2,
                        reduction: cutlass.Constexpr = TREE, quad_lanes: cutlass.Constexpr = False,
-                       rescale_threshold: cutlass.Constexpr = None):
+                       rescale_threshold: cutlass.Constexpr = None,
+                       exact_shift: cutlass.Constexpr = False):
     """One online-softmax step for one query row over one key block, in place:
     ``row[c] <- exp2(row[c] * scale_log2 - m_new * scale_log2)`` (m_new: the running max
     including this block; a row that has seen only -inf uses 0 so that exp2 gives 0, not NaN).
@@ -70,7 +78,16 @@ def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_l
     2^threshold (harmless in fp32 and in 16-bit P) and ``rescale`` is exactly 1, so the
     caller can skip O's rescale where a whole warp kept its max (:func:`warp_needs_rescale`).
     The same softmax against another reference point; a row still at -inf takes any finite
-    max. Each row decides alone: its bits do not depend on the other rows of its warp."""
+    max. Each row decides alone: its bits do not depend on the other rows of its warp.
+
+    ``exact_shift``: the exponents as ``(row[c] - m_new) * scale_log2`` (an FADD and an FMUL a
+    value instead of one FFMA) and ``rescale`` as ``(m_old - m_new) * scale_log2``. The FFMA
+    form subtracts the rounded ``m_new * scale_log2``, whose rounding error (half an ulp of a
+    value that grows with the scale) scales P's largest value by up to 2^(ulp / 2) and, through
+    the rescale, compounds from block to block: harmless for the usual scales, but an FP8
+    kernel's scale carries q_descale * k_descale (up to 1e8 and more), where P must stay in
+    e4m3's range and O's rescales must not overflow. With exact shifts P <= 1 and rescale <= 1
+    for any scale."""
     if cutlass.const_expr(reduction == TREE):
         m_blk = tree_reduce(cute.arch.fmax, [row[c] for c in range(n_cols)])
     else:
@@ -92,19 +109,23 @@ def online_softmax_row(row, n_cols: cutlass.Constexpr, row_max, row_sum, scale_l
         m_safe = Float32(0.0)
     shift = m_safe * scale_log2
     if cutlass.const_expr(rescale_threshold is None):
-        rescale = cute.math.exp2(row_max * scale_log2 - shift, fastmath=True)
+        rescale = cute.math.exp2(_exponent(row_max, m_safe, shift, scale_log2, exact_shift),
+                                 fastmath=True)
     else:
         rescale = Float32(1.0)
         if moved:
-            rescale = cute.math.exp2(row_max * scale_log2 - shift, fastmath=True)
+            rescale = cute.math.exp2(_exponent(row_max, m_safe, shift, scale_log2, exact_shift),
+                                     fastmath=True)
     if cutlass.const_expr(reduction == TREE):
         for c in cutlass.range_constexpr(n_cols):
-            row[c] = cute.math.exp2(row[c] * scale_log2 - shift, fastmath=True)
+            row[c] = cute.math.exp2(_exponent(row[c], m_safe, shift, scale_log2, exact_shift),
+                                    fastmath=True)
         s = tree_reduce(lambda a, b: a + b, [row[c] for c in range(n_cols)])
     else:
         sm = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for c in cutlass.range_constexpr(n_cols):
-            p = cute.math.exp2(row[c] * scale_log2 - shift, fastmath=True)
+            p = cute.math.exp2(_exponent(row[c], m_safe, shift, scale_log2, exact_shift),
+                               fastmath=True)
             row[c] = p
             sm[c % 4] = sm[c % 4] + p
         s = _combine4(lambda a, b: a + b, sm)

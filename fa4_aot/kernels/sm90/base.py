@@ -117,6 +117,9 @@ class FlashFwdSm90Base(Mainloop, LazyReference, Epilogue):
         self.rescale_early = cfg.tile.rescale_early and self.intra_wg_overlap
         self.reduction = CHAINS4 if cfg.tile.sum_chains else TREE
         self.rescale_threshold = RESCALE_THRESHOLD if cfg.tile.lazy_rescale else None
+        # Softmax exponents from raw differences (common.softmax.online_softmax_row): the FP8
+        # kernels, whose scale carries the descales (Fp8Inputs).
+        self.exact_shift = bool(cfg.fp8)
         # Q's swizzle atom rows: 128 bytes where head_dim is a multiple of 64, else 64 (hd96).
         self.q_row_bytes = 128 if self.hd % 64 == 0 else 64
         # Prefill features (the kernel classes set them): O staged through shared memory

@@ -4,10 +4,16 @@ descale reads, and where the descales go: q_descale * k_descale into the tile's 
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
 
 from .state import Frags, Ptrs, Redo, Shape, Softmax, Strides
+
+
+# What a zero q*k descale product becomes in the softmax scale: small enough that every
+# exponent rounds to 0, large enough that scale_log2 times it stays a normal float.
+ZERO_DESCALE = 1e-30
 
 
 class Fp8Inputs:
@@ -42,7 +48,9 @@ class Fp8Inputs:
         """S comes from the e4m3 values: the true scores are S * q_descale * k_descale. With a
         softcap (softcap_pre != 0) the scale goes into softcap_pre, the softmax's unit being
         the cap; otherwise into the softmax scale."""
-        qk = f.conv[0]
+        # A zero q_descale * k_descale (every score 0: uniform attention) is kept off exact
+        # zero, so that a masked (-inf) score still gives exp2(-inf) = 0, not -inf * 0 = NaN.
+        qk = cutlass.select_(f.conv[0] == Float32(0.0), Float32(ZERO_DESCALE), f.conv[0])
         unit = Float32(1.0)
         if softmax.softcap_pre == Float32(0.0):
             unit = qk

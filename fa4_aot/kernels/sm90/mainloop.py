@@ -347,7 +347,7 @@ class Mainloop:
             m_new, s_new, rescale = online_softmax_row(
                 RowView(f.acc_S_mn, r), cute.size(f.acc_S_mn, mode=[1]), f.row_max[r],
                 f.row_sum[r], scale_log2, self.reduction, quad_lanes=True,
-                rescale_threshold=self.rescale_threshold)
+                rescale_threshold=self.rescale_threshold, exact_shift=self.exact_shift)
             f.row_max[r] = m_new
             f.row_sum[r] = s_new
             f.row_scale[r] = rescale
