@@ -405,7 +405,8 @@ def refusal(manifest, fields: dict, needed: frozenset, scheduler: str,
             if r["config"].get("kind", "fwd") == "fwd"
             and needed | implied <= set(r["launch"]["capabilities"])]
     if not have:
-        return ValueError(f"{what}: no kernel of this build supports them together")
+        return ValueError(f"{what}: no kernel of this build supports "
+                          + ("them together" if len(needed) > 1 else "it"))
     arch = fields["arch"]
     for key in ("arch", "scheduler", "dtype", "head_dim", "mask"):
         value = _mask(fields) if key == "mask" else fields[key]

@@ -11,7 +11,7 @@ come from the planner (:func:`fa4_aot.interface.plan_call`): what the traced lau
 
 from __future__ import annotations
 
-from .interface import attention, num_sms, plan_call
+from . import interface
 from .validate import Args
 
 
@@ -21,14 +21,14 @@ def capture(q, k, v, scheduler: str = "steal", causal: bool = True):
     b, sq, h, d = q.shape
     a = Args(q=q, k=k, v=v, causal=causal, scheduler=scheduler, out=torch.empty_like(q),
              trace=torch.empty((0, 4), dtype=torch.int64, device=q.device))
-    (launch,) = plan_call(a).launches
+    (launch,) = interface.plan_call(a).launches
     values = launch.values
     buf = torch.zeros((values["num_tiles"], 4), dtype=torch.int64, device=q.device)
-    out = attention(q, k, v, causal=causal, scheduler=scheduler, out=a.out, _trace=buf)
+    out = interface.attention(q, k, v, causal=causal, scheduler=scheduler, out=a.out, _trace=buf)
     torch.cuda.synchronize(q.device)
     meta = {"scheduler": scheduler, "causal": causal, "num_m_blocks": values["num_m_blocks"],
             "heads": h, "batch": b, "seqlen": sq, "head_dim": d,
-            "tile_m": launch.record["launch"]["tile"]["m"], "num_sms": num_sms(q.device),
+            "tile_m": launch.record["launch"]["tile"]["m"], "num_sms": interface.num_sms(q.device),
             "section": values["section"]}
     return out, buf.cpu(), meta
 

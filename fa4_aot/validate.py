@@ -1,6 +1,9 @@
-"""Validation of an :func:`fa4_aot.attention` call: every check, every error message (each
-names the argument and what was expected), and the :class:`fa4_aot.plan.CallSpec` of a valid
-call. Run once per memo miss, and once when torch.compile traces a call (:func:`check`)."""
+"""Validation of an :func:`fa4_aot.attention` call: every check of its arguments, every error
+message (each names the argument and what was expected), and the :class:`fa4_aot.plan.CallSpec`
+of a valid call. Run once per memo miss, and once when torch.compile traces a call
+(:func:`check`). Which kernels exist is not checked here: the planner asks the manifest
+(:func:`fa4_aot.plan.refusal`). The call's arguments: :class:`Args`; in the torch op's lists:
+:class:`OpTensors`, :class:`OpSizes`."""
 
 from __future__ import annotations
 
