@@ -43,6 +43,7 @@ __all__ = ["attention", "check_varlen", "clear_memo", "set_check_varlen", "selec
 _sm_count: dict = {}
 
 _NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast path)
+_NO_DESCALES = (None, None, None)
 # FA4_AOT_CHECK_VARLEN=1: check_varlen() on every varlen call (a device->host copy and a sync
 # each); read when fa4_aot is imported, set_check_varlen() changes it at run time.
 CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
@@ -57,13 +58,16 @@ LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch poo
 SCRATCH_ALIGN = 128  # bytes: where every view carved from the scratch pool starts
 
 # A call's address record: runtime.ADDRESSES (the launch ABI's per-call pointers), by name.
-_SLOT, _NO_ADDRESSES = runtime.SLOT, (0,) * len(runtime.ADDRESSES)
-_Q, _K, _V, _O, _LSE, _OACC, _LSEACC = (_SLOT[name] for name in (
-    "q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "oacc_ptr", "lseacc_ptr"))
-# A call's optional inputs, named by their address slots, in the order attention() gathers them
-# (Args names them alike, but for ``trace``); PreparedCall.inputs lists those a call has.
-_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table", "trace_ptr",
-           "q_descale", "k_descale", "v_descale")
+_SLOT, _NO_ADDRESSES = runtime.SLOT, [0] * len(runtime.ADDRESSES)  # copied per call
+_Q, _K, _V, _O, _LSE, _OACC, _LSEACC, _TRACE = (_SLOT[name] for name in (
+    "q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "oacc_ptr", "lseacc_ptr", "trace_ptr"))
+_CU_Q, _CU_K, _USED_Q, _USED_K, _TABLE, _QD, _KD, _VD = (_SLOT[name] for name in (
+    "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table", "q_descale",
+    "k_descale", "v_descale"))
+# The Args field whose address fills each slot (Args names the inputs as the ABI does, less
+# the "_ptr" of q/k/v/trace; the outputs and scratch are no fields: run() fills them).
+_ARG_OF_SLOT = tuple(name.removesuffix("_ptr") if name.removesuffix("_ptr") in Args._fields
+                     else None for name in runtime.ADDRESSES)
 
 if torch is not None:
     _float32 = torch.float32
@@ -134,11 +138,9 @@ def num_sms(device) -> int:
 
 
 def plan_call(a: Args, manifest=None, kernel: str | None = None):
-    """Validate ``a`` and plan it (:class:`fa4_aot.plan.LaunchPlan`): what a memo miss does
-    before it builds the launchers. ``manifest``: plan against that one (default: the installed
-    artifacts); ``kernel``: force a kernel by manifest name or planner form
-    (:func:`fa4_aot.plan.choose_kernel`). The seam for tools (A/B of artifact folders, tuning,
-    schedule traces): nothing to patch."""
+    """Validate ``a`` and plan it (:class:`fa4_aot.plan.LaunchPlan`) against ``manifest``
+    (default: the installed one), ``kernel`` forced by manifest name or planner form if given
+    (:func:`fa4_aot.plan.choose_kernel`): the seam for tools, nothing to patch."""
     spec = validate.call_spec(a, _DEVICE_TYPE)
     device = a.q.device
     return _planner.plan(spec, manifest or load_manifest(),
@@ -147,9 +149,8 @@ def plan_call(a: Args, manifest=None, kernel: str | None = None):
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto", *,
                   trace: bool = False, local: bool = False, softcap: bool = False):
-    """(manifest name, record) of the prefill kernel of this configuration on ``device``'s
-    architecture: the planner's ``plain`` row (the configuration's own tile;
-    :func:`plan_call` gives a call's kernel)."""
+    """(manifest name, record) of this configuration's prefill kernel on ``device``'s arch:
+    the planner's ``plain`` row (its own tile; :func:`plan_call` gives a call's kernel)."""
     spec = _planner.prefill_call(validate.dtype_names()[dtype], head_dim, causal, scheduler,
                                  trace=trace, local=local, softcap=softcap)
     return _planner.choose_kernel(spec, load_manifest(), DeviceInfo(_device_arch(device), 0),
@@ -240,22 +241,17 @@ class PreparedCall:
 
     def launch(self, a: Args, want_lse: bool = False):
         """Run on the tensors of ``a`` (the shapes, strides and dtypes it was prepared for):
-        (out, lse, the address record launched). For tools; :func:`attention` is the fast
-        path."""
-        v = transposed_v(a.v, self.vt_rows) if self.vt_rows else a.v
-        addrs = list(_NO_ADDRESSES)
-        addrs[_Q], addrs[_K], addrs[_V] = a.q.data_ptr(), a.k.data_ptr(), v.data_ptr()
-        given = _gather(a)
-        for slot, i in self.inputs:
-            addrs[slot] = given[i].data_ptr()
+        (out, lse, the address record launched). Tools'; :func:`attention` is the fast path."""
+        addrs = _NO_ADDRESSES.copy()
+        for slot, field in enumerate(_ARG_OF_SLOT):
+            t = getattr(a, field) if field else None
+            if t is not None:
+                addrs[slot] = t.data_ptr()
+        vt = transposed_v(a.v, self.vt_rows) if self.vt_rows else a.v  # alive until enqueued
+        addrs[_V] = vt.data_ptr()
         self.check_offsets(a.cu_seqlens_q, a.cu_seqlens_k)
         out, lse = self.run(a.q, a.out, want_lse, addrs)
         return out, lse, addrs
-
-
-def _gather(a: Args) -> tuple:
-    """The optional inputs of ``a``, in _INPUTS order."""
-    return tuple(getattr(a, "trace" if name == "trace_ptr" else name) for name in _INPUTS)
 
 
 def scratch_layout(shapes) -> tuple:
@@ -284,9 +280,9 @@ def _build(p, a: Args, stream, manifest) -> PreparedCall:
     e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
     e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
     e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
-    # (slot, position in _INPUTS) of the inputs the call has (which: fixed per memo key)
-    e.inputs = tuple((_SLOT[name], i) for i, (name, t) in enumerate(zip(_INPUTS, _gather(a)))
-                     if t is not None)
+    # any optional input (varlen, serving, trace, FP8 descales): which ones is fixed per key
+    e.inputs = any(getattr(a, f) is not None for f in _ARG_OF_SLOT
+                   if f not in (None, "q", "k", "v"))
     views = {name: TensorView(view[0], view[1], t.element_size(), t.data_ptr(), f"{name}_ptr")
              for name, view, t in (("q", c.q, q), ("k", c.k, a.k),
                                    ("v", p.v_transposed or c.v, a.v))}
@@ -432,13 +428,27 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         validate.check_out(out, q)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise forward_only()
-    addrs = list(_NO_ADDRESSES)
+    addrs = _NO_ADDRESSES.copy()
     addrs[_Q], addrs[_K], addrs[_V] = qp, kp, vp
-    if e.inputs:
-        given = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, _trace,
-                 q_descale, k_descale, v_descale)  # _INPUTS
-        for slot, i in e.inputs:
-            addrs[slot] = given[i].data_ptr()
+    if e.inputs:  # optional inputs, each into its own slot (which ones: fixed per memo key)
+        if cu_seqlens_q is not None:
+            addrs[_CU_Q] = cu_seqlens_q.data_ptr()
+        if cu_seqlens_k is not None:
+            addrs[_CU_K] = cu_seqlens_k.data_ptr()
+        if seqused_q is not None:
+            addrs[_USED_Q] = seqused_q.data_ptr()
+        if seqused_k is not None:
+            addrs[_USED_K] = seqused_k.data_ptr()
+        if page_table is not None:
+            addrs[_TABLE] = page_table.data_ptr()
+        if _trace is not None:
+            addrs[_TRACE] = _trace.data_ptr()
+        if q_descale is not None:
+            addrs[_QD] = q_descale.data_ptr()
+        if k_descale is not None:
+            addrs[_KD] = k_descale.data_ptr()
+        if v_descale is not None:
+            addrs[_VD] = v_descale.data_ptr()
         if _check_varlen_always:
             e.check_offsets(cu_seqlens_q, cu_seqlens_k)
     o, lse = e.run(q, out, return_lse, addrs)
@@ -466,21 +476,23 @@ def _traced(a: Args):
 def forward(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap=0.0):
     """``torch.ops.fa4_aot.fwd``'s implementation (fa4_aot/ops.py): ``tensors`` and ``sizes``
     as :class:`OpTensors` and :class:`OpSizes` name them. Returns (out, lse)."""
-    t, s = OpTensors(*tensors), OpSizes(*sizes)
-    max_q, max_k = s.max_seqlen_q, s.max_seqlen_k
-    if t.cu_seqlens_q is None and t.cu_seqlens_k is None:
-        max_q = max_k = None
-    elif t.cu_seqlens_k is None:
-        max_k = None
-    window = (_NO_WINDOW if s.window_left < 0 and s.window_right < 0
-              else (s.window_left, s.window_right))
+    # unpacked in the fields' order (named tuples cost ~0.5 us a call on this path)
+    cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, *descales = tensors
+    q_descale, k_descale, v_descale = descales or _NO_DESCALES
+    max_seqlen_q, max_seqlen_k, window_left, window_right, num_splits = sizes
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        max_seqlen_q = max_seqlen_k = None
+    elif cu_seqlens_k is None:
+        max_seqlen_k = None
+    window = (_NO_WINDOW if window_left < 0 and window_right < 0
+              else (window_left, window_right))
     _tls.in_op = True
     try:
         return attention(q, k, v, causal, softmax_scale, True, scheduler, window_size=window,
-                         softcap=softcap, cu_seqlens_q=t.cu_seqlens_q,
-                         cu_seqlens_k=t.cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                         seqused_q=t.seqused_q, seqused_k=t.seqused_k, page_table=t.page_table,
-                         num_splits=s.num_splits or None, q_descale=t.q_descale,
-                         k_descale=t.k_descale, v_descale=t.v_descale)
+                         softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
+                         num_splits=num_splits or None, q_descale=q_descale,
+                         k_descale=k_descale, v_descale=v_descale)
     finally:
         _tls.in_op = False

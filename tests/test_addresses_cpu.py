@@ -19,7 +19,9 @@ def test_the_record_is_the_abis_per_call_pointers():
     assert all(runtime.ADDRESSES[runtime.SLOT[n]] == n for n in runtime.ADDRESSES)
     # the tensors' descriptors take "<tensor>_ptr"; the optional inputs are slots too
     assert {f"{t}_ptr" for t in abi.FWD_SM90.tensors} <= set(runtime.ADDRESSES)
-    assert set(interface._INPUTS) <= set(runtime.ADDRESSES)
+    inputs = {n for n, f in zip(runtime.ADDRESSES, interface._ARG_OF_SLOT) if f}
+    assert inputs == {"q_ptr", "k_ptr", "v_ptr", "trace_ptr", "cu_seqlens_q", "cu_seqlens_k",
+                      "seqused_q", "seqused_k", "page_table", "q_descale", "k_descale", "v_descale"}
 
 
 def _param_words(launch, record) -> dict:
@@ -68,6 +70,32 @@ def test_each_input_lands_in_its_own_parameter(monkeypatch, what, args, kw):
                 assert words[name] == t.data_ptr(), (what, name)
             assert words["o_ptr"] == out.data_ptr() and words["lse_ptr"] == lse.data_ptr()
             assert words["k_ptr"] == args[1].data_ptr()
-            for name in set(interface._INPUTS) - set(inputs):
+            optional = {n for n, f in zip(runtime.ADDRESSES, interface._ARG_OF_SLOT)
+                        if f not in (None, "q", "k", "v")}
+            for name in optional - set(inputs):
                 assert words.get(name, 0) == 0, (what, name)
+    interface.clear_memo()
+
+
+@pytest.mark.parametrize("what,args,kw", [c for c in _cases() if c[0] != "trace"],
+                         ids=[c[0] for c in _cases() if c[0] != "trace"])
+def test_the_ops_lists_land_alike(monkeypatch, what, args, kw):
+    """torch.ops.fa4_aot.fwd's implementation unpacks its lists in OpTensors / OpSizes order
+    (as _traced packs them, by name)."""
+    from fa4_aot.validate import OpSizes, OpTensors
+    monkeypatch.setenv(FP8_ENV, "1")
+    drv = fakecuda.install(monkeypatch)
+    tensors = [kw.get(f) for f in OpTensors._fields]
+    sizes = OpSizes(max_seqlen_q=kw.get("max_seqlen_q", 0), max_seqlen_k=kw.get("max_seqlen_k", 0),
+                    window_left=-1, window_right=-1, num_splits=0)
+    with torch.no_grad():
+        out, lse = interface.forward(*args, tensors, list(sizes), kw.get("causal", False), None,
+                                     "auto")
+    (entry,) = interface.prepared_calls()
+    words = _param_words(drv.launches[-len(entry.plan.launches)],
+                         entry.plan.launches[0].record)
+    for name in OpTensors._fields:
+        if kw.get(name) is not None:
+            assert words[name] == kw[name].data_ptr(), (what, name)
+    assert words["o_ptr"] == out.data_ptr() and words["lse_ptr"] == lse.data_ptr()
     interface.clear_memo()
