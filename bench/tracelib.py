@@ -4,7 +4,7 @@ and no GPU; numpy and matplotlib are imported by the functions that need them.""
 
 from __future__ import annotations
 
-from benchlib import median, pyplot
+from benchlib import pyplot
 
 # A trace is an int64 array (num_tiles, 4): (smid, cta_index, t_start_ns, t_end_ns) per output
 # tile, indexed by tile id, from %globaltimer; rows of tiles never run are all zero.
