@@ -40,18 +40,20 @@ def main(argv=None):
     qb, kb, vb = (x.transpose(1, 2) for x in (q, k, v))
     fa4_aot.attention(q, k, v)
     (e,) = [x for x in interface.prepared_calls() if x.plan.call.q[0] == (1, 128, 1, 64)]
+    from fa4_aot import runtime
+    from fa4_aot.manifest import load_manifest
     dev, idx = q.device, q.device.index
-    addrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 0)
     out = torch.empty_like(q)
     lse = torch.empty(1, 1, 128, device="cuda")
-    addrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 0, 0, 0)
+    addrs = [0] * len(runtime.ADDRESSES)  # the call's address record, by name
+    for name, t in (("q_ptr", q), ("k_ptr", k), ("v_ptr", v), ("o_ptr", out), ("lse_ptr", lse)):
+        addrs[runtime.SLOT[name]] = t.data_ptr()
     launcher = e.launchers[0]
     extra = []
     try:  # A/B: the same launch through a per-context CUfunction, and through ctypes
-        from fa4_aot import runtime
         drv = runtime._driver()
-        name = e.plan.launches[0].name
-        kernel = runtime._modules[(idx, name)][1]
+        name, rec = e.plan.launches[0].name, e.plan.launches[0].record
+        kernel = runtime.get_kernel(idx, name, load_manifest().cubin_bytes(name), rec)
         func = runtime._check(drv.cuKernelGetFunction(kernel), "cuKernelGetFunction")
         extra.append(("  launch, CUfunction (cuKernelGetFunction)",
                       lambda: drv.cuLaunchKernelEx(launcher.cfg, func, launcher.params, 0)))
@@ -74,7 +76,7 @@ def main(argv=None):
                                                                          return_lse=True)),
         ("torch.ops.fa4_aot.fwd (whole call)",
          lambda: torch.ops.fa4_aot.fwd(q, k, v, [None] * 5, [0, 0, -1, -1, 0], False, None,
-                                       "auto", 0.0)),
+                                       "auto", 0.0)),  # OpTensors, OpSizes
         ("sdpa (default dispatch)", lambda: F.scaled_dot_product_attention(qb, kb, vb)),
         ("  raw stream", lambda: torch._C._cuda_getCurrentRawStream(idx)),
         ("  torch.empty out", lambda: torch.empty((1, 128, 1, 64), dtype=torch.bfloat16,

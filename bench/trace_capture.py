@@ -21,7 +21,7 @@ def main(argv=None):
     import numpy as np
     import torch
 
-    import benchlib as bl
+    import tracelib as tl
     from fa4_aot.trace import capture
 
     ap = argparse.ArgumentParser()
@@ -39,10 +39,10 @@ def main(argv=None):
         arr = tr.numpy()
         np.save(out / f"trace_{sched}.npy", arr)
         (out / f"trace_{sched}.json").write_text(json.dumps(meta))
-        st = bl.trace_stats(arr, num_sms=meta["num_sms"])
-        bl.plot_trace(arr, out / f"trace_{sched}.png", meta=meta, num_sms=meta["num_sms"],
+        st = tl.trace_stats(arr, num_sms=meta["num_sms"])
+        tl.plot_trace(arr, out / f"trace_{sched}.png", meta=meta, num_sms=meta["num_sms"],
                       stats=st, title=f"{sched}: causal B={b} H={h} S={s} D=128 bf16")
-        lines.append(bl.format_trace_stats(st, title=sched))
+        lines.append(tl.format_trace_stats(st, title=sched))
     print("\n".join(lines))
 
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import benchlib as bl  # noqa: E402
+import tracelib as tl  # noqa: E402
 
 
 def load_trace(path):
@@ -55,7 +55,7 @@ def load_trace(path):
         arr = z["trace"] if "trace" in z.files else z[z.files[0]]
     else:
         arr = np.load(path)
-    return bl.trace_array(arr)
+    return tl.trace_array(arr)
 
 
 def compare_table(results) -> str:
@@ -96,7 +96,7 @@ def main(argv=None):
         scheds = ["single", "static", "steal"] if a.scheduler == "all" else [a.scheduler]
         results, stats_out = [], {}
         for sched in scheds:
-            tr, meta = bl.synthetic_trace(sched, num_sms=a.num_sms or 132,
+            tr, meta = tl.synthetic_trace(sched, num_sms=a.num_sms or 132,
                                           num_m_blocks=-(-s // 128), heads=h, batch=b,
                                           causal=a.causal, seqlen=s, head_dim=d, seed=a.seed)
             if a.out and len(scheds) == 1:
@@ -106,8 +106,8 @@ def main(argv=None):
                 out = str(p.with_name(f"{p.stem}_{sched}{p.suffix or '.png'}"))
             else:
                 out = f"trace_synthetic_{sched}.png"
-            st = bl.trace_stats(tr, meta["num_sms"])
-            bl.plot_trace(tr, out, meta, color_by=a.color_by, stats=st,
+            st = tl.trace_stats(tr, meta["num_sms"])
+            tl.plot_trace(tr, out, meta, color_by=a.color_by, stats=st,
                           title=f"SYNTHETIC schedule trace — scheduler: {sched} — {meta['label']}")
             print(f"wrote {out}")
             results.append((sched, st))
@@ -117,7 +117,7 @@ def main(argv=None):
             print(f"wrote {a.json}")
         print()
         if len(results) == 1:
-            print(bl.format_trace_stats(results[0][1], f"synthetic trace, scheduler "
+            print(tl.format_trace_stats(results[0][1], f"synthetic trace, scheduler "
                                                        f"{results[0][0]}"))
         else:
             print(compare_table(results))
@@ -134,14 +134,14 @@ def main(argv=None):
         print("note: metadata has no section (nor seqlen_k + head_dim): decoding tiles with "
               "one section of heads*batch")
     out = a.out or str(Path(a.trace).with_suffix(".png"))
-    st = bl.trace_stats(arr, meta.get("num_sms"))
-    bl.plot_trace(arr, out, meta, color_by=a.color_by, stats=st)
+    st = tl.trace_stats(arr, meta.get("num_sms"))
+    tl.plot_trace(arr, out, meta, color_by=a.color_by, stats=st)
     print(f"wrote {out}")
     if a.json:
         Path(a.json).write_text(json.dumps(st, indent=1))
         print(f"wrote {a.json}")
     print()
-    print(bl.format_trace_stats(st, f"trace {a.trace} (scheduler {meta.get('scheduler', '?')})"))
+    print(tl.format_trace_stats(st, f"trace {a.trace} (scheduler {meta.get('scheduler', '?')})"))
     return 0
 
 

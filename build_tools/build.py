@@ -70,8 +70,8 @@ from build_tools import toolchain as tcm  # noqa: E402
 from build_tools.inspect_cubin import (  # noqa: E402
     inspect_cubin, parse_ptx_entries, register_budget_problem, verify_ptxas)
 from build_tools.progress import (  # noqa: E402,F401  (re-exported: tests, tune.py)
-    SECONDS_PER_CONFIG_CORE, _display_path, _progress, build_verdict, estimate_seconds, eta_seconds,
-    format_duration, progress_line, reproducibility_verdict)
+    SECONDS_PER_CONFIG_CORE, BuildEta, _display_path, _progress, build_verdict, estimate_seconds,
+    eta_seconds, format_duration, progress_line, reproducibility_verdict)
 from build_tools.spill_report import pick_best, warning_codes  # noqa: E402
 from build_tools.workers import (  # noqa: E402,F401  (re-exported: tune.py, tests)
     _WORKER_BOOT, KILL_WORKER_ENV, BuildInterrupted, _Interrupted, _signals_interrupt, _worker_main,
@@ -189,6 +189,24 @@ def build_one(cfg: KernelConfig, tc: tcm.Toolchain, out: Path, isa_rewrite: bool
     info = _assemble_checked(cfg, tc, ptx_path, ptx_text, kdir / f"{cfg.name}.cubin",
                              kdir / f"{cfg.name}.ptxas.log", isa_rewrite, compiled["entry"])
     return _record(cfg, tc, info, compiled, ptx_text)
+
+
+def ptxas_versions(build_record: dict, kernels: dict) -> dict:
+    """The build record as its kernels have it: when their ptxas versions disagree (a partial
+    rebuild with another ptxas keeps the others' records), ``ptxas_version`` says "mixed"
+    (a one-release build; ``best``/``tuned`` name their mode) and ``ptxas_versions`` how many
+    kernels carry each."""
+    counts: dict = {}
+    for rec in kernels.values():
+        v = rec.get("ptxas_version")
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) <= 1:
+        return build_record
+    mixed = {**build_record, "ptxas_versions": {str(v): n for v, n in sorted(
+        counts.items(), key=lambda kv: str(kv[0]))}}
+    if build_record.get("ptxas_release") not in (BEST, TUNED):
+        mixed["ptxas_version"] = "mixed"
+    return mixed
 
 
 def write_manifest(path: Path, manifest: dict) -> None:
@@ -391,13 +409,14 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             kept[cfg.name] = rec
         else:
             todo.append((cfg, fp))
+    eta = BuildEta([cfg.name for cfg, _ in todo], jobs, old_kernels)
     print(f"fa4_aot build: {len(configs)} configurations, {len(kept)} up to date, "
           f"{len(todo)} to build; ptxas "
           + (f"best of {', '.join(t.ptxas_version for t in tcs.values())}" if best
              else f"tuned (per kernel, measured fastest of {', '.join(tcs)}; unmeasured: "
              f"{TUNED_DEFAULT})" if tuned else tc.ptxas_version) + f", nvidia-cutlass-dsl {dsl_version}"
           + (f"; {jobs} job{'s' if jobs != 1 else ''}, first estimate "
-             f"~{format_duration(estimate_seconds(len(todo), jobs))}" if todo else ""),
+             f"~{format_duration(eta.seconds())}" if todo else ""),
           flush=True)
 
     t0 = time.time()
@@ -438,12 +457,14 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
         # Records of kernels still to build keep their old (stale) fingerprint: rebuilt next run.
         kernels = {**{k: v for k, v in old_kernels.items() if k not in results}, **kept,
                    **results}
-        return {"schema_version": SCHEMA_VERSION, "build": build_record,
-                "kernels": {k: kernels[k] for k in sorted(kernels) if k in known}}
+        kernels = {k: kernels[k] for k in sorted(kernels) if k in known}
+        return {"schema_version": SCHEMA_VERSION, "build": ptxas_versions(build_record, kernels),
+                "kernels": kernels}
 
     def finished(cfg, fp, compiled):
         """ptxas + inspection of one compiled configuration; its record goes into the
         manifest on disk at once (an interrupted build keeps every finished kernel)."""
+        started = time.time()
         try:
             if best:
                 rec = build_one_best(cfg, tcs, out, compiled, asm_pool)
@@ -459,6 +480,7 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
             failed(cfg, f"{type(e).__name__}: {e}")
             return
         rec["fingerprint"] = fp
+        rec["build_seconds"] = round(compiled.get("seconds", 0.0) + time.time() - started, 1)
         old_rec = old_kernels.get(cfg.name) or {}
         if "measured" not in rec and old_rec.get("measured") and (
                 old_rec.get("sha256") == rec.get("sha256") or old_rec.get("fingerprint") ==
@@ -470,12 +492,14 @@ def build(ptxas: str, out: Path, only: str | None, jobs: int, force: bool,
         results[cfg.name] = rec
         write_manifest(manifest_path, current_manifest())
         warn = warning_codes(rec.get("ptxas_diagnostics", ()))
+        eta.finished(cfg.name, rec["build_seconds"])
         _progress(len(results) + len(failures), len(todo), cfg.name,
-                  "ok" + (f", ptxas warns {','.join(warn)}" if warn else ""), t0)
+                  "ok" + (f", ptxas warns {','.join(warn)}" if warn else ""), t0, eta.seconds())
 
     def failed(cfg, why):
         failures[cfg.name] = why
-        _progress(len(results) + len(failures), len(todo), cfg.name, "FAILED", t0)
+        eta.finished(cfg.name, None)
+        _progress(len(results) + len(failures), len(todo), cfg.name, "FAILED", t0, eta.seconds())
 
     # --ptxas best: the candidate assemblies of a configuration run in these threads.
     asm_pool = cf.ThreadPoolExecutor(max_workers=max(jobs, 1)) if best else None

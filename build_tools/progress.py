@@ -1,7 +1,7 @@
 """The build's progress lines, ETA and one-line verdicts (moved out of build.py).
 
-``progress_line`` (one line per finished configuration, with the elapsed time and an ETA from
-the measured rate; the first estimate from ``SECONDS_PER_CONFIG_CORE``), ``format_duration``,
+``progress_line`` (one line per finished configuration, with the elapsed time and an ETA:
+:class:`BuildEta` for the build, the measured rate for others), ``format_duration``,
 ``build_verdict`` (the last line of ``make build``), ``reproducibility_verdict`` (the last line
 of ``make reproducible``) and ``_display_path`` (a path relative to the repository root).
 build.py re-exports every name here.
@@ -9,6 +9,7 @@ build.py re-exports every name here.
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A full rebuild of the 253 configurations with 2 jobs on a 2-core machine takes the Makefile's
 # FULL_REBUILD_MINUTES, i.e. ~6.2 s of one core per configuration (DSL compile + ptxas +
-# inspection; 786 s for all 253 with 2 jobs). Only the first estimate uses it; the ETA then
-# follows the measured rate.
+# inspection; 786 s for all 253 with 2 jobs). What a build assumes before any kernel of it or of
+# the manifest it updates has a measured time (BuildEta).
 SECONDS_PER_CONFIG_CORE = 6.2
 
 
@@ -47,17 +48,48 @@ def estimate_seconds(n_configs: int, jobs: int) -> float:
     return SECONDS_PER_CONFIG_CORE * n_configs / max(1, min(jobs, n_configs))
 
 
-def progress_line(done: int, total: int, name: str, status: str, elapsed: float) -> str:
+class BuildEta:
+    """The time a build has left: each configuration still to build costs its own measured
+    seconds (its manifest record's ``build_seconds``, from an earlier build of it), else the
+    mean time of the kernels this run has finished, else that of the manifest's records (a
+    resumed build: those its interrupted run finished), else SECONDS_PER_CONFIG_CORE; the sum
+    spread over ``min(jobs, left)`` processes. (The rate of the run so far, used before, jumped
+    on a resumed build from 12 to 33 minutes.)"""
+
+    def __init__(self, names, jobs: int, records: dict):
+        self.jobs = max(1, jobs)
+        self.left = {n: (records.get(n) or {}).get("build_seconds") for n in names}
+        self.known = [r["build_seconds"] for r in records.values() if r.get("build_seconds")]
+        self.measured: list[float] = []
+
+    def finished(self, name: str, seconds: float | None):
+        self.left.pop(name, None)
+        if seconds:
+            self.measured.append(seconds)
+
+    def seconds(self) -> float:
+        if not self.left:
+            return 0.0
+        typical = statistics.fmean(self.measured or self.known or [SECONDS_PER_CONFIG_CORE])
+        work = sum(s if s else typical for s in self.left.values())
+        return work / min(self.jobs, len(self.left))
+
+
+def progress_line(done: int, total: int, name: str, status: str, elapsed: float,
+                  eta: float | None = None) -> str:
+    """``eta``: the seconds left (:class:`BuildEta`); None: from the rate so far."""
     width = 24
     fill = int(width * done / max(total, 1))
-    eta = eta_seconds(done, total, elapsed)
+    if eta is None:
+        eta = eta_seconds(done, total, elapsed)
     when = format_duration(elapsed) + (
         "" if done >= total or eta is None else f", ETA {format_duration(eta)}")
     return f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {status:<6} {name}  ({when})"
 
 
-def _progress(done: int, total: int, name: str, status: str, t0: float):
-    print(progress_line(done, total, name, status, time.time() - t0), flush=True)
+def _progress(done: int, total: int, name: str, status: str, t0: float,
+              eta: float | None = None):
+    print(progress_line(done, total, name, status, time.time() - t0, eta), flush=True)
 
 
 def _display_path(path: Path) -> str:

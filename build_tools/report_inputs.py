@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -233,14 +235,31 @@ def shipped_rows(manifest_path: Path, peaks: bool = False, jobs: int | None = No
     if peaks:
         todo = [r for r in rows if r["reg_peak"] is None and not r.get("error")]
         if todo:
-            tools = get_inspect_tools()
-            with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-                found = list(pool.map(lambda r: _peaks_or_error(tools, r), todo))
-            for r, figures in zip(todo, found, strict=True):
-                r.update(figures)
+            _read_peaks(get_inspect_tools(), todo, jobs)
     for r in rows:
         r.pop("_sha256", None)
     return rows
+
+
+def _read_peaks(tools: Any, todo: list[dict], jobs: int | None) -> None:
+    """Read the SASS peaks of ``todo`` (rows, updated in place) in parallel, saying how far it
+    got on stderr (a whole manifest takes minutes): on a terminal one line rewritten per
+    cubin, else a line per tenth."""
+    from build_tools.progress import eta_seconds, format_duration
+    tty, t0, shown = sys.stderr.isatty(), time.time(), 0
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        futures = {pool.submit(_peaks_or_error, tools, r): r for r in todo}
+        for done, fut in enumerate(as_completed(futures), 1):
+            futures[fut].update(fut.result())
+            if not tty and done * 10 // len(todo) == shown * 10 // len(todo) and done < len(todo):
+                continue
+            shown, elapsed = done, time.time() - t0
+            eta = eta_seconds(done, len(todo), elapsed)
+            line = (f"spill_report --peaks: {done}/{len(todo)} cubins read from the SASS "
+                    f"({format_duration(elapsed)}"
+                    + (f", ETA {format_duration(eta)})" if done < len(todo) else ")"))
+            end = "\n" if not tty or done == len(todo) else ""
+            print(("\r" if tty else "") + line, end=end, file=sys.stderr, flush=True)
 
 
 def _peaks_or_error(tools: Any, row: dict) -> dict:

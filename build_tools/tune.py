@@ -19,9 +19,10 @@ shipped kernel was built with is the shipped set itself: no folder (``measure`` 
 
 ``measure`` (GPU: torch + fa4_aot + cuda-python; no cutlass, no PTX): for every sm_90a kernel of
 the shipped manifest and every candidate (the shipped cubins + every ``<tune-dir>/*/``), one
-representative call that runs exactly that kernel (the planner's kernel choice is forced;
-:data:`SHAPES`), only that kernel's launch timed: CUDA events around ``--iters`` back-to-back
-launches, candidates interleaved in one process (bench.benchlib.round_order), the median of
+representative call that runs exactly that kernel (``fa4_aot.interface.prepare`` with the
+candidate's manifest and the kernel forced; :data:`SHAPES`), only that kernel's launch timed:
+CUDA events around ``--iters`` back-to-back launches, candidates interleaved in one process
+(build_tools.timing.round_order), the median of
 ``--repeats``. A combine kernel is timed alone on the partials of a split-KV decode call
 (``SHAPES["combine"]``); a decode kernel the planner splits is timed without its combine.
 Outputs of the candidates are compared (the same PTX: expected bitwise equal);
@@ -100,13 +101,6 @@ def shape_for(cfg: dict) -> dict:
     if cfg.get("local"):
         s["causal"] = False  # a causal window is local with window_right = 0
     return s
-
-
-def forced_form(cfg: dict) -> str:
-    """The planner's form for a forced kernel (plan.plan reads only the decode prefix)."""
-    if cfg.get("decode"):
-        return "decode_wide" if cfg.get("wide") else "decode"
-    return "plain"
 
 
 def spill_score(res: dict) -> int:
@@ -317,27 +311,24 @@ def _inputs(shape: dict, cache: dict):
     return cache[key]
 
 
-def _call(shape: dict, q, k, v, record: dict):
-    """One fa4_aot.attention call of ``shape``; returns (out, lse, trace buffer)."""
+def _args(shape: dict, q, k, v, record: dict):
+    """The fa4_aot call of ``shape`` on q, k, v (fa4_aot.validate.Args; a trace kernel's call
+    gets its trace buffer and an ``out``)."""
     import torch
 
-    import fa4_aot
+    from fa4_aot.validate import Args
     kw = {}
     if shape["window"]:
         kw["window_size"] = tuple(shape["window"])
     if shape.get("num_splits"):
         kw["num_splits"] = shape["num_splits"]
-    trace = None
     if shape["trace"]:
         tiles = -(-shape["seqlen_q"] // record["launch"]["tile"]["m"]) * shape["heads"] * \
             shape["batch"]
-        trace = torch.zeros((tiles, 4), dtype=torch.int64, device=q.device)
-        kw["_trace"], kw["out"] = trace, torch.empty_like(q)
-    with torch.no_grad():
-        out, lse = fa4_aot.attention(q, k, v, causal=shape["causal"], return_lse=True,
-                                     scheduler=shape["scheduler"], softcap=shape["softcap"],
-                                     **kw)
-    return out, lse, trace
+        kw["trace"] = torch.zeros((tiles, 4), dtype=torch.int64, device=q.device)
+        kw["out"] = torch.empty_like(q)
+    return Args(q=q, k=k, v=v, causal=shape["causal"], scheduler=shape["scheduler"],
+                softcap=shape["softcap"], **kw)
 
 
 class _Prepared:
@@ -352,52 +343,41 @@ class _Prepared:
         self.launcher(self.addrs)
 
 
-def _prepare_launch(name: str, shape: dict, variant, q, k, v) -> _Prepared:
-    """Enter ``variant``, run the call once with ``name`` forced (for a combine kernel: its
-    decode kernel first), and return the launcher of ``name`` with that call's addresses."""
-    from fa4_aot import interface, plan
-    variant.enter()
-    man = variant.man
+def _prepare_launch(name: str, shape: dict, man, q, k, v) -> _Prepared:
+    """Prepare the call of ``shape`` against the manifest ``man`` with ``name`` forced (for a
+    combine kernel: its decode kernel, the combine being the call's second launch) through
+    ``fa4_aot.interface.prepare``, run it once, and return the launcher of ``name`` with that
+    call's addresses."""
+    import torch
+
+    from fa4_aot import interface
     rec = man.kernels[name]
     cfg = rec["config"]
+    forced = name
     if cfg.get("kind") == "combine":
-        forced = ("decode_wide",) + tuple(man.find(ARCH, cfg["dtype"], cfg["head_dim"], True,
-                                                   "steal", decode=True, wide=True))
-    else:
-        forced = (forced_form(cfg), name, rec)
-    original = plan.choose_kernel
-    plan.choose_kernel = lambda c, manifest, device: forced
-    try:
-        out, lse, trace = _call(shape, q, k, v, rec)
-        entry = interface.prepared_calls()[-1]
-    finally:
-        plan.choose_kernel = original
-    names = [kl.name for kl in entry.plan.launches]
+        forced, _ = man.find(ARCH, cfg["dtype"], cfg["head_dim"], True, "steal", decode=True,
+                             wide=True)
+    a = _args(shape, q, k, v, rec)
+    call = interface.prepare(a, manifest=man, kernel=forced)
+    with torch.no_grad():
+        out, lse, addrs = call.launch(a, want_lse=True)
+    names = [kl.name for kl in call.plan.launches]
     if name not in names:
         raise RuntimeError(f"{name}: the call launched {names}")
-    kl = entry.plan.launches[names.index(name)]
-    launcher = entry.launchers[names.index(name)]
-    launch = {"grid": list(kl.grid), "num_splits": kl.values.get("num_splits"),
-              "launches": names}
-    captured = []
-    launchers = entry.launchers
-    entry.launchers = (captured.append,)  # the same call again: its addresses, no launch
-    try:  # out and lse of this call stay alive with the launcher: their addresses are in it
-        kept = entry.run(q, None, True, (q.data_ptr(), k.data_ptr(), v.data_ptr(), None, None,
-                                         trace, None, None, None))
-    finally:
-        entry.launchers = launchers
-    return _Prepared(launcher, captured[0], (kept, trace, entry), out, launch)
+    i = names.index(name)
+    launch = {"grid": list(call.plan.launches[i].grid),
+              "num_splits": call.plan.launches[i].values.get("num_splits"), "launches": names}
+    # out and lse of this call stay alive with the launcher: their addresses are in it
+    return _Prepared(call.launchers[i], addrs, (out, lse, a, call), out, launch)
 
 
 def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str | None,
             shipped_root: Path = SHIPPED) -> int:
     import torch
 
-    from bench.benchlib import event_time, round_order
+    from build_tools.timing import event_time, round_order
     from fa4_aot import interface
     from fa4_aot.manifest import load_manifest
-    from tools.ab_artifacts import Variant
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("error: tune measure needs an sm_90 GPU (H100/H200)", file=sys.stderr)
@@ -406,10 +386,10 @@ def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str 
     names = [n for n, r in sorted(base.kernels.items())
              if r["arch"] == ARCH and (not only or re.search(only, n))]
     sets = candidate_sets(tune_dir, shipped_root)
-    variants = [Variant.from_manifest(label, Overlay(m, base)) for label, m in sets]
+    variants = [(label, Overlay(m, base)) for label, m in sets]
     gpu = torch.cuda.get_device_name()
     print(f"tune measure: {len(names)} kernels x {len(variants)} candidate sets "
-          f"({', '.join(v.name for v in variants)}) on {gpu}; {repeats} repeats of {iters} "
+          f"({', '.join(label for label, _ in variants)}) on {gpu}; {repeats} repeats of {iters} "
           "launches", flush=True)
     result = {"gpu": gpu, "torch": torch.__version__, "repeats": repeats, "iters": iters,
               "shapes": SHAPES, "window": list(WINDOW), "softcap": SOFTCAP, "kernels": {},
@@ -428,12 +408,12 @@ def measure(tune_dir: Path, out_path: Path, repeats: int, iters: int, only: str 
         try:
             q, k, v = _inputs(shape, cache)
             preps, res = {}, {}
-            for var in variants:
-                krec = var.man.kernels[name]
+            for _, man in variants:
+                krec = man.kernels[name]
                 ver = krec["ptxas_version"]
                 if ver in preps:  # the same ptxas in two sets: time it once
                     continue
-                preps[ver] = _prepare_launch(name, shape, var, q, k, v)
+                preps[ver] = _prepare_launch(name, shape, man, q, k, v)
                 r = krec["resources"]
                 res[ver] = {"registers": r["registers"], **{f: r.get(f, 0) for f in (
                     "spill_store_bytes", "spill_load_bytes", "ldl", "stl")},

@@ -141,11 +141,12 @@ class _WorkerPool:
              json.dumps(cfg.to_dict()), ptx, str(result)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             start_new_session=True)
-        self.running[proc] = (task, result, log)
+        self.running[proc] = (task, result, log, time.time())
 
     def run(self, tasks, on_done, on_fail):
         """Compile every task ``(cfg, fingerprint, ptx_path)``; call ``on_done(cfg, fp,
-        compiled)`` or ``on_fail(cfg, why)`` in this thread as each worker ends."""
+        compiled)`` (``compiled["seconds"]``: the worker's wall time) or ``on_fail(cfg, why)``
+        in this thread as each worker ends."""
         queue = list(tasks)
         queue.reverse()
         n = 0
@@ -161,7 +162,7 @@ class _WorkerPool:
             while queue and len(self.running) < self.jobs:  # refill before the ptxas work
                 self._start(queue.pop(), n)
                 n += 1
-            for proc, ((cfg, fp, _), result, log) in outcomes:
+            for proc, ((cfg, fp, _), result, log, started) in outcomes:
                 try:
                     data = json.loads(result.read_text()) if result.exists() else {}
                 finally:
@@ -170,7 +171,7 @@ class _WorkerPool:
                     log.close()
                     result.unlink(missing_ok=True)
                 if proc.returncode == 0 and "ok" in data:
-                    on_done(cfg, fp, data["ok"])
+                    on_done(cfg, fp, {**data["ok"], "seconds": time.time() - started})
                 elif "error" in data:
                     on_fail(cfg, data["error"])
                 elif proc.returncode < 0:
@@ -187,7 +188,7 @@ class _WorkerPool:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 proc.kill()
-        for proc, (_, _, log) in list(self.running.items()):
+        for proc, (_, _, log, _) in list(self.running.items()):
             proc.wait()
             log.close()
         self.running.clear()

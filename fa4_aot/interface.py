@@ -9,9 +9,10 @@ A call, in three parts:
   error naming the argument), then :func:`fa4_aot.plan.plan` (the kernels, grids and launch
   values), then the launch objects of ``fa4_aot.runtime`` (parameter buffers with every
   constant and TMA descriptor in place).
-* **Every call** (:meth:`_Entry.run`): the checks a key cannot carry (16-byte aligned data
-  pointers, forward-only), the output and LSE allocation, the 8-byte addresses written into the
-  parameter buffers, ``cuLaunchKernelEx``. No device->host copy, no synchronisation: varlen
+* **Every call** (:meth:`PreparedCall.run`): the checks a key cannot carry (16-byte aligned
+  data pointers, forward-only), the output and LSE allocation, the call's address record (one
+  list of :data:`fa4_aot.runtime.ADDRESSES`, filled by name) written into the parameter
+  buffers, ``cuLaunchKernelEx``. No device->host copy, no synchronisation: varlen
   offsets are read on the host only when asked (:func:`check_varlen`,
   ``FA4_AOT_CHECK_VARLEN=1``); the kernels clamp documents to the packed length.
 """
@@ -24,11 +25,11 @@ import threading
 
 from . import plan as _planner
 from . import runtime, validate
-from .abi import VT_GROUP
+from .buffers import counter, transposed_v
 from .manifest import load_manifest
-from .plan import SCHED_COUNTER, DeviceInfo, resolve_scheduler
+from .plan import SCHED_COUNTER, DeviceInfo
 from .runtime import TensorView
-from .validate import Args, check_varlen, forward_only
+from .validate import Args, OpSizes, OpTensors, check_varlen, forward_only
 
 try:
     import torch
@@ -36,14 +37,13 @@ except ImportError:  # the build imports fa4_aot without torch
     torch = None
 
 __all__ = ["attention", "check_varlen", "clear_memo", "set_check_varlen", "select_kernel",
-           "memo_plans", "prepared_calls", "num_sms", "forward", "launch_counts"]
+           "plan_call", "prepare", "PreparedCall", "memo_plans", "prepared_calls", "num_sms",
+           "forward", "launch_counts"]
 
-_ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
-_state_lock = threading.Lock()
-_counters: dict = {}  # (device index, stream handle) -> int32[2] work-stealing counter
 _sm_count: dict = {}
 
 _NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast path)
+_NO_DESCALES = (None, None, None)
 # FA4_AOT_CHECK_VARLEN=1: check_varlen() on every varlen call (a device->host copy and a sync
 # each); read when fa4_aot is imported, set_check_varlen() changes it at run time.
 CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
@@ -57,9 +57,17 @@ MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
 LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch pool
 SCRATCH_ALIGN = 128  # bytes: where every view carved from the scratch pool starts
 
-# The per-call addresses, in the order _Entry.run hands them to the launchers.
-SLOTS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "trace", "seqused_q",
-         "seqused_k", "page_table", "oacc", "lseacc", "q_descale", "k_descale", "v_descale")
+# A call's address record: runtime.ADDRESSES (the launch ABI's per-call pointers), by name.
+_SLOT, _NO_ADDRESSES = runtime.SLOT, [0] * len(runtime.ADDRESSES)  # copied per call
+_Q, _K, _V, _O, _LSE, _OACC, _LSEACC, _TRACE = (_SLOT[name] for name in (
+    "q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "oacc_ptr", "lseacc_ptr", "trace_ptr"))
+_CU_Q, _CU_K, _USED_Q, _USED_K, _TABLE, _QD, _KD, _VD = (_SLOT[name] for name in (
+    "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table", "q_descale",
+    "k_descale", "v_descale"))
+# The Args field whose address fills each slot (Args names the inputs as the ABI does, less
+# the "_ptr" of q/k/v/trace; the outputs and scratch are no fields: run() fills them).
+_ARG_OF_SLOT = tuple(name.removesuffix("_ptr") if name.removesuffix("_ptr") in Args._fields
+                     else None for name in runtime.ADDRESSES)
 
 if torch is not None:
     _float32 = torch.float32
@@ -76,7 +84,7 @@ _window = validate.window
 class _ThreadState(threading.local):
     def __init__(self):
         self.memo = {}
-        self.pools = {}  # (device index, stream handle) -> fp32 scratch buffer (_Entry._carve)
+        self.pools = {}  # (device index, stream handle) -> fp32 scratch buffer (_carve)
         # True while torch.ops.fa4_aot.fwd runs (torch.compile; under CUDA-graph trees its
         # warm-up allocations go to the graph's pool): calls then keep no scratch buffer.
         self.in_op = False
@@ -119,12 +127,7 @@ def set_check_varlen(enabled: bool):
 
 
 def _device_arch(device) -> str:
-    cap = torch.cuda.get_device_capability(device)  # cached by torch
-    arch = _ARCH_BY_CAPABILITY.get(cap)
-    if arch is None:
-        raise RuntimeError(f"fa4_aot has kernels for sm_90a (H100/H200) and sm_100a (B200); "
-                           f"device {device} has compute capability {cap[0]}.{cap[1]}")
-    return arch
+    return _planner.device_arch(torch.cuda.get_device_capability(device))  # cached by torch
 
 
 def num_sms(device) -> int:
@@ -134,57 +137,29 @@ def num_sms(device) -> int:
     return _sm_count[idx]
 
 
+def plan_call(a: Args, manifest=None, kernel: str | None = None):
+    """Validate ``a`` and plan it (:class:`fa4_aot.plan.LaunchPlan`) against ``manifest``
+    (default: the installed one), ``kernel`` forced by manifest name or planner form if given
+    (:func:`fa4_aot.plan.choose_kernel`): the seam for tools, nothing to patch."""
+    spec = validate.call_spec(a, _DEVICE_TYPE)
+    device = a.q.device
+    return _planner.plan(spec, manifest or load_manifest(),
+                         DeviceInfo(_device_arch(device), num_sms(device)), kernel)
+
+
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto", *,
                   trace: bool = False, local: bool = False, softcap: bool = False):
-    """(manifest name, record) of the prefill kernel of this configuration on ``device``'s
-    architecture (the configuration's own tile; :func:`fa4_aot.plan.plan` chooses a call's)."""
-    arch = _device_arch(device)
-    sched = resolve_scheduler(scheduler, arch)
-    _planner.check_softcap(softcap, arch, sched, scheduler)
-    return load_manifest().find(arch, validate.dtype_names()[dtype], head_dim, causal, sched,
-                                trace=trace, local=local, softcap=softcap)
+    """(manifest name, record) of this configuration's prefill kernel on ``device``'s arch:
+    the planner's ``plain`` row (its own tile; :func:`plan_call` gives a call's kernel)."""
+    spec = _planner.prefill_call(validate.dtype_names()[dtype], head_dim, causal, scheduler,
+                                 trace=trace, local=local, softcap=softcap)
+    return _planner.choose_kernel(spec, load_manifest(), DeviceInfo(_device_arch(device), 0),
+                                  kernel="plain")
 
 
-def _counter(device, stream_handle):
-    """The int32[2] work-stealing counter of (device, stream): zeroed once, and each steal
-    launch leaves it at zero again (kernels/tile_sched.py); kept for the process."""
-    key = (device.index, stream_handle)
-    with _state_lock:
-        c = _counters.get(key)
-        if c is None:
-            c = _counters[key] = _zeroed_counter(device)
-        return c
-
-
-def _zeroed_counter(device):
-    """A counter made outside any CUDA-graph memory pool this thread may be allocating into:
-    torch.compile's CUDA-graph trees route a warm-up run's allocations to the graph's pool and
-    reject one that outlives the run. So it is made and zeroed in a helper thread (its own
-    allocation routing and stream) and synchronised. While this thread captures a graph (plain
-    ``torch.cuda.graph``: other threads must not launch), it comes from the capture's pool."""
-    if device.type != "cuda" or _capturing():
-        return torch.zeros(2, dtype=torch.int32, device=device)
-    made = []
-
-    def make():
-        try:
-            with torch.cuda.device(device):
-                t = torch.zeros(2, dtype=torch.int32, device=device)
-                torch.cuda.current_stream(device).synchronize()
-            made.append(t)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
-            made.append(e)
-
-    th = threading.Thread(target=make, name="fa4_aot-counter")
-    th.start()
-    th.join()
-    if isinstance(made[0], BaseException):
-        raise made[0]
-    return made[0]
-
-
-class _Entry:
-    """A prepared call (one memo entry of one thread): its plan, allocations and launchers.
+class PreparedCall:
+    """A prepared call (one memo entry of one thread, or :func:`prepare`'s): its plan,
+    allocations and launchers.
 
     Scratch (the LSE when the caller does not want it, small ones only; the split-KV partials)
     is carved from the thread's scratch pool of the entry's (device, stream), shared by every
@@ -195,7 +170,7 @@ class _Entry:
 
     __slots__ = ("plan", "out_shape", "out_dtype", "lse_shape", "mode", "launchers", "varlen",
                  "total_q", "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
-                 "scratch_shapes", "pool_key", "pool", "pooled", "vt_rows")
+                 "scratch_shapes", "pool_key", "pool", "pooled", "vt_rows", "inputs")
 
     def _scratch(self, q, want_lse):
         """(lse or None, [oacc, lseacc] or None) of this call."""
@@ -234,9 +209,9 @@ class _Entry:
         self.pool, self.pooled = buf, views
         return buf, views
 
-    def run(self, q, out, want_lse, ptrs, descales=None):
-        """``ptrs``: (q, k, v data pointers, cu_seqlens_q, cu_seqlens_k, trace, seqused_q,
-        seqused_k, page_table) of this call; ``descales``: (q, k, v descales) of an FP8 call."""
+    def run(self, q, out, want_lse, addrs):
+        """Allocate (out when not given, the LSE, scratch), complete the call's address record
+        ``addrs`` (q/k/v and the inputs filled in by the caller) and launch."""
         if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
             out = (torch.empty_like(q) if self.out_like_q
                    else q.new_empty(self.out_shape, dtype=self.out_dtype))
@@ -247,26 +222,36 @@ class _Entry:
                 lse.fill_(-math.inf)
             return out, lse
         lse, acc = self._scratch(q, want_lse)
-        qp, kp, vp, cu_q, cu_k, trace, used_q, used_k, table = ptrs
-        if (self.varlen and _check_varlen_always and not _capturing()
-                and cu_k is not None):
-            check_varlen(cu_q, cu_k, self.max_q, self.max_k, self.total_q, self.total_k)
-        addrs = (qp, kp, vp, out.data_ptr(), lse.data_ptr(),
-                 0 if cu_q is None else cu_q.data_ptr(), 0 if cu_k is None else cu_k.data_ptr(),
-                 0 if trace is None else trace.data_ptr(),
-                 0 if used_q is None else used_q.data_ptr(),
-                 0 if used_k is None else used_k.data_ptr(),
-                 0 if table is None else table.data_ptr(),
-                 0 if acc is None else acc[0].data_ptr(),
-                 0 if acc is None else acc[1].data_ptr())
-        if descales is not None:
-            addrs += tuple(0 if t is None else t.data_ptr() for t in descales)
+        addrs[_O], addrs[_LSE] = out.data_ptr(), lse.data_ptr()
+        if acc is not None:
+            addrs[_OACC], addrs[_LSEACC] = acc[0].data_ptr(), acc[1].data_ptr()
         for launcher in self.launchers:
             launcher(addrs)
         if _launch_counts is not None:
             for kl in self.plan.launches:
                 _launch_counts[kl.name] = _launch_counts.get(kl.name, 0) + 1
         return out, lse
+
+    def check_offsets(self, cu_seqlens_q, cu_seqlens_k):
+        """:func:`check_varlen` of a varlen call that launches, when it is on for every call."""
+        if (self.varlen and _check_varlen_always and not self.mode and not _capturing()
+                and cu_seqlens_k is not None):
+            check_varlen(cu_seqlens_q, cu_seqlens_k, self.max_q, self.max_k, self.total_q,
+                         self.total_k)
+
+    def launch(self, a: Args, want_lse: bool = False):
+        """Run on the tensors of ``a`` (the shapes, strides and dtypes it was prepared for):
+        (out, lse, the address record launched). Tools'; :func:`attention` is the fast path."""
+        addrs = _NO_ADDRESSES.copy()
+        for slot, field in enumerate(_ARG_OF_SLOT):
+            t = getattr(a, field) if field else None
+            if t is not None:
+                addrs[slot] = t.data_ptr()
+        vt = transposed_v(a.v, self.vt_rows) if self.vt_rows else a.v  # alive until enqueued
+        addrs[_V] = vt.data_ptr()
+        self.check_offsets(a.cu_seqlens_q, a.cu_seqlens_k)
+        out, lse = self.run(a.q, a.out, want_lse, addrs)
+        return out, lse, addrs
 
 
 def scratch_layout(shapes) -> tuple:
@@ -280,9 +265,9 @@ def scratch_layout(shapes) -> tuple:
     return tuple(starts), at
 
 
-def _build_entry(p, a: Args, stream) -> _Entry:
+def _build(p, a: Args, stream, manifest) -> PreparedCall:
     c, q, device = p.call, a.q, a.q.device
-    e = _Entry()
+    e = PreparedCall()
     e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
     e.out_dtype = validate.out_dtype(q)
     e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
@@ -295,7 +280,10 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
     e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
     e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
-    views = {name: TensorView(view[0], view[1], t.element_size(), t.data_ptr(), name)
+    # any optional input (varlen, serving, trace, FP8 descales): which ones is fixed per key
+    e.inputs = any(getattr(a, f) is not None for f in _ARG_OF_SLOT
+                   if f not in (None, "q", "k", "v"))
+    views = {name: TensorView(view[0], view[1], t.element_size(), t.data_ptr(), f"{name}_ptr")
              for name, view, t in (("q", c.q, q), ("k", c.k, a.k),
                                    ("v", p.v_transposed or c.v, a.v))}
     e.vt_rows = p.v_transposed[0][1] if p.v_transposed else 0
@@ -303,13 +291,13 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     for kl in p.launches:
         launch, values = kl.record["launch"], kl.values
         if values.get("sched_ptr") is SCHED_COUNTER:
-            values = {**values, "sched_ptr": _counter(device, stream).data_ptr()}
+            values = {**values, "sched_ptr": counter(device, stream).data_ptr()}
             kl = kl._replace(values=values)
         launches.append(kl)
-        kernel = runtime.get_kernel(device.index, kl.name,
-                                    load_manifest().cubin_bytes(kl.name), kl.record)
-        template = runtime.launch_plan(kl.name, launch["params"]).template(values, views)
-        launchers.append(runtime.Launcher(kernel, template, SLOTS, kl.grid, launch["block"],
+        kernel = runtime.get_kernel(device.index, kl.name, manifest.cubin_bytes(kl.name),
+                                    kl.record)
+        template = runtime.param_layout(kl.name, launch["params"]).template(values, views)
+        launchers.append(runtime.Launcher(kernel, template, kl.grid, launch["block"],
                                           launch["dynamic_smem_bytes"], stream,
                                           launch.get("cluster")))
     e.launchers = tuple(launchers)
@@ -317,14 +305,20 @@ def _build_entry(p, a: Args, stream) -> _Entry:
     return e
 
 
-def _prepare(a: Args, key) -> _Entry:
-    """Memo miss: validate, plan, build the launchers, store the entry under ``key`` (None when
-    the fast path could not form one: then the call is not memoized)."""
-    spec = validate.call_spec(a, _DEVICE_TYPE)
-    device = a.q.device
-    stream = key[12] if key is not None else _raw_stream(device.index)
-    p = _planner.plan(spec, load_manifest(), DeviceInfo(_device_arch(device), num_sms(device)))
-    e = _build_entry(p, a, stream)
+def prepare(a: Args, manifest=None, kernel: str | None = None, stream=None) -> PreparedCall:
+    """Validate, plan (:func:`plan_call`: ``manifest``, ``kernel``) and build the launchers of
+    a call on ``stream`` (default: the current one), outside the memo: run it with
+    :meth:`PreparedCall.launch`. Tools prepare calls against other artifact folders or with a
+    kernel forced this way."""
+    manifest = manifest or load_manifest()
+    p = plan_call(a, manifest, kernel)
+    return _build(p, a, _raw_stream(a.q.device.index) if stream is None else stream, manifest)
+
+
+def _prepare(a: Args, key, stream) -> PreparedCall:
+    """Memo miss: :func:`prepare`, then store the call under ``key`` (None when the fast path
+    could not form one: then the call is not memoized)."""
+    e = prepare(a, stream=stream)
     if key is not None:
         memo = _tls.memo
         if len(memo) >= MEMO_SIZE:
@@ -377,33 +371,25 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     A dense e4m3 prefill (q, k and v e4m3, hd128, no window or softcap) runs FP8 wgmmas with V
     transposed per call (:func:`transposed_v`); every other FP8 call (decode, paged, split-KV,
     varlen, chunked prefill, a bf16 q) the FP8 decode kernels, which convert K/V to bf16."""
-    a = None
-    descales = None
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        descales = (q_descale, k_descale, v_descale)
-    if _is_compiling():
-        a = Args(q, k, v, causal, softmax_scale, scheduler, window_size, softcap, cu_seqlens_q,
-                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table,
-                 num_splits, out, _trace, q_descale, k_descale, v_descale)
-        res = _traced(a)
-        if res is not None:
-            return res if return_lse else res[0]
-    e = key = None
+    e = key = stream = None
+    compiling = _is_compiling()
     try:  # the memo key: what the launch depends on, less the addresses
         device = q.device
-        if device.type == _DEVICE_TYPE and (cu_seqlens_q is not None or cu_seqlens_k is not None
-                                             or (max_seqlen_q is None and max_seqlen_k is None)):
+        if not compiling and device.type == _DEVICE_TYPE and (
+                cu_seqlens_q is not None or cu_seqlens_k is not None
+                or (max_seqlen_q is None and max_seqlen_k is None)):
             if window_size is _NO_WINDOW:
                 wl = wr = -1
             else:
                 local, wl, wr = _window(window_size, causal)
                 if not local:
                     wl = wr = -1
+            stream = _raw_stream(device.index)
             # causal / softcap / max_seqlen carry their type: 1 and True (0 and False) are not
             # the same call; a key is only stored after its call passed the full validation.
             key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
                    q.dtype, k.dtype, v.dtype, device, k.device, v.device,
-                   _raw_stream(device.index), causal, causal.__class__, softmax_scale, wl, wr,
+                   stream, causal, causal.__class__, softmax_scale, wl, wr,
                    scheduler, softcap, softcap.__class__,
                    None if cu_seqlens_q is None and cu_seqlens_k is None else (
                        _tkey(cu_seqlens_q), _tkey(cu_seqlens_k), max_seqlen_q,
@@ -414,43 +400,59 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                             and page_table is None) else (
                        num_splits, num_splits.__class__, _tkey(seqused_q), _tkey(seqused_k),
                        _tkey(page_table)),
-                   None if descales is None else tuple(_tkey(t) for t in descales))
+                   None if q_descale is None and k_descale is None and v_descale is None
+                   else (_tkey(q_descale), _tkey(k_descale), _tkey(v_descale)))
             e = _tls.memo.get(key)
     except Exception:  # noqa: BLE001 - whatever it is, the validation names it
-        e = key = None
-    if e is None:
-        e = _prepare(a or Args(q, k, v, causal, softmax_scale, scheduler, window_size, softcap,
-                               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               seqused_q, seqused_k, page_table, num_splits, out, _trace,
-                               q_descale, k_descale, v_descale), key)
+        e = key = stream = None
+    if e is None:  # a miss, or torch.compile tracing the call
+        a = Args(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale, scheduler=scheduler,
+                 window_size=window_size, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                 seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
+                 num_splits=num_splits, out=out, trace=_trace, q_descale=q_descale,
+                 k_descale=k_descale, v_descale=v_descale)
+        if compiling:
+            res = _traced(a)
+            if res is not None:
+                return res if return_lse else res[0]
+        e = _prepare(a, key, stream)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if e.vt_rows:  # FP8 prefill: the kernel reads V transposed (kept alive until enqueued)
         vt = transposed_v(v, e.vt_rows)
         vp = vt.data_ptr()
     if (qp | kp | vp) & 15 or (out is not None and out.data_ptr() & 15):
-        bad = Args(q, k, v, causal, softmax_scale, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
-                   page_table=page_table)
-        validate.check_qkv(bad)  # raises, naming it
+        validate.check_qkv(Args(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale,
+                                softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                                page_table=page_table))  # raises, naming it
         validate.check_out(out, q)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise forward_only()
-    o, lse = e.run(q, out, return_lse, (qp, kp, vp, cu_seqlens_q, cu_seqlens_k, _trace,
-                                        seqused_q, seqused_k, page_table), descales)
+    addrs = _NO_ADDRESSES.copy()
+    addrs[_Q], addrs[_K], addrs[_V] = qp, kp, vp
+    if e.inputs:  # optional inputs, each into its own slot (which ones: fixed per memo key)
+        if cu_seqlens_q is not None:
+            addrs[_CU_Q] = cu_seqlens_q.data_ptr()
+        if cu_seqlens_k is not None:
+            addrs[_CU_K] = cu_seqlens_k.data_ptr()
+        if seqused_q is not None:
+            addrs[_USED_Q] = seqused_q.data_ptr()
+        if seqused_k is not None:
+            addrs[_USED_K] = seqused_k.data_ptr()
+        if page_table is not None:
+            addrs[_TABLE] = page_table.data_ptr()
+        if _trace is not None:
+            addrs[_TRACE] = _trace.data_ptr()
+        if q_descale is not None:
+            addrs[_QD] = q_descale.data_ptr()
+        if k_descale is not None:
+            addrs[_KD] = k_descale.data_ptr()
+        if v_descale is not None:
+            addrs[_VD] = v_descale.data_ptr()
+        if _check_varlen_always:
+            e.check_offsets(cu_seqlens_q, cu_seqlens_k)
+    o, lse = e.run(q, out, return_lse, addrs)
     return (o, lse) if return_lse else o
-
-
-def transposed_v(v, rows: int):
-    """The V the FP8 prefill kernels read: (batch, seqlen_k, heads_k, d) e4m3 -> (batch,
-    heads_k, d, rows) bytes, keys padded with zeros to ``rows`` (a multiple of VT_GROUP), each
-    group's keys in abi.VT_ORDER (slot s holds key VT_ORDER[s]). VT_ORDER is an axis
-    permutation: key 16h + 8a + 2t + c goes to slot 16h + 4t + 2a + c. One copy (two with
-    padding) on the current stream; no sync, no host data (CUDA-graph capturable)."""
-    b, sk, hk, d = v.shape
-    u = v.view(torch.uint8)
-    if rows != sk:
-        u = torch.cat([u, u.new_zeros(b, rows - sk, hk, d)], 1)
-    u = u.reshape(b, rows // VT_GROUP, 2, 2, 4, 2, hk, d)  # keys as (group, h, a, t, c)
-    return u.permute(0, 6, 7, 1, 2, 4, 3, 5).contiguous().view(b, hk, d, rows)
 
 
 def _traced(a: Args):
@@ -463,35 +465,34 @@ def _traced(a: Args):
         raise forward_only()
     if a.out is not None or a.trace is not None:
         return None
-    return torch.ops.fa4_aot.fwd(
-        a.q, a.k, a.v, [a.cu_seqlens_q, a.cu_seqlens_k, a.seqused_q, a.seqused_k, a.page_table,
-                        a.q_descale, a.k_descale, a.v_descale],
-        [a.max_seqlen_q or 0, a.max_seqlen_k or 0, left if local else -1,
-         right if local else -1, a.num_splits or 0],
-        a.causal, a.softmax_scale, a.scheduler, float(a.softcap))
+    sizes = OpSizes(max_seqlen_q=a.max_seqlen_q or 0, max_seqlen_k=a.max_seqlen_k or 0,
+                    window_left=left if local else -1, window_right=right if local else -1,
+                    num_splits=a.num_splits or 0)
+    return torch.ops.fa4_aot.fwd(a.q, a.k, a.v, [getattr(a, f) for f in OpTensors._fields],
+                                 list(sizes), a.causal, a.softmax_scale, a.scheduler,
+                                 float(a.softcap))
 
 
 def forward(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap=0.0):
-    """``torch.ops.fa4_aot.fwd``'s implementation (fa4_aot/ops.py): ``tensors`` =
-    [cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, q_descale, k_descale,
-    v_descale] (None where absent; the descales may be left off),
-    ``sizes`` = [max_seqlen_q, max_seqlen_k, window_left, window_right, num_splits] (max_seqlen
-    0 without varlen, -1 = unbounded window side, num_splits 0 = automatic). Returns
-    (out, lse)."""
-    cu_q, cu_k, used_q, used_k, table = tensors[:5]
-    qd, kd, vd = (*tensors[5:8], None, None, None)[:3]  # the descales may be left off
-    max_q, max_k, left, right, splits = sizes
-    if cu_q is None and cu_k is None:
-        max_q = max_k = None
-    elif cu_k is None:
-        max_k = None
-    window = _NO_WINDOW if left < 0 and right < 0 else (left, right)
+    """``torch.ops.fa4_aot.fwd``'s implementation (fa4_aot/ops.py): ``tensors`` and ``sizes``
+    as :class:`OpTensors` and :class:`OpSizes` name them. Returns (out, lse)."""
+    # unpacked in the fields' order (named tuples cost ~0.5 us a call on this path)
+    cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, *descales = tensors
+    q_descale, k_descale, v_descale = descales or _NO_DESCALES
+    max_seqlen_q, max_seqlen_k, window_left, window_right, num_splits = sizes
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        max_seqlen_q = max_seqlen_k = None
+    elif cu_seqlens_k is None:
+        max_seqlen_k = None
+    window = (_NO_WINDOW if window_left < 0 and window_right < 0
+              else (window_left, window_right))
     _tls.in_op = True
     try:
         return attention(q, k, v, causal, softmax_scale, True, scheduler, window_size=window,
-                         softcap=softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                         max_seqlen_q=max_q, max_seqlen_k=max_k, seqused_q=used_q,
-                         seqused_k=used_k, page_table=table, num_splits=splits or None,
-                         q_descale=qd, k_descale=kd, v_descale=vd)
+                         softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
+                         num_splits=num_splits or None, q_descale=q_descale,
+                         k_descale=k_descale, v_descale=v_descale)
     finally:
         _tls.in_op = False

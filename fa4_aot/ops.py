@@ -2,9 +2,9 @@
 implementation, so ``torch.compile(fullgraph=True)`` traces models that call
 :func:`fa4_aot.attention` and CUDA graphs capture it like any other op.
 
-Arguments: q, k, v; ``tensors`` = [cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-page_table, q_descale, k_descale, v_descale] (None where absent); ``sizes`` = [max_seqlen_q, max_seqlen_k, window_left,
-window_right, num_splits] (0 without varlen, -1 = unbounded, 0 = automatic); causal,
+Arguments: q, k, v; ``tensors`` (:class:`fa4_aot.interface.OpTensors`: cu_seqlens_q/k,
+seqused_q/k, page_table, q/k/v_descale, None where absent); ``sizes``
+(:class:`fa4_aot.interface.OpSizes`: max_seqlen_q/k, window_left/right, num_splits); causal,
 softmax_scale, scheduler, softcap.
 
 Defined with ``torch.library.Library`` (schema, CUDA kernel, fake) rather than
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .interface import forward
+from .interface import OpTensors, forward
 from .validate import forward_only
 
 SCHEMA = ("fwd(Tensor q, Tensor k, Tensor v, Tensor?[] tensors, SymInt[] sizes, bool causal, "
@@ -36,7 +36,7 @@ def _(q, k, v, tensors, sizes, causal, softmax_scale, scheduler, softcap):
         raise forward_only()
     out = torch.empty_like(q, memory_format=torch.contiguous_format,
                            dtype=torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype)
-    if tensors[0] is not None:  # cu_seqlens_q: packed q
+    if OpTensors(*tensors).cu_seqlens_q is not None:  # packed q
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)

@@ -2,8 +2,10 @@
 
 Pure: no torch, no CUDA. :func:`plan` is the only place that chooses a kernel and computes
 launch values; ``fa4_aot.interface`` runs it once per memo miss. The choice is one table,
-:data:`KERNEL_CHOICE`, read top to bottom (docs/design.md#kernel-choice); every rule below it
-is one function with its reason.
+:data:`KERNEL_CHOICE`, read top to bottom (docs/design.md#kernel-choice, written from it): each
+row names a kernel family, the configs table its tile comes from and why; every rule is one
+function with its reason. What exists is the manifest's to say: a call no kernel serves is
+refused by :func:`refusal`, which reads the manifest's capabilities.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from .abi import VT_GROUP, SeqMode
-from .configs import (FP8_PREFILL_TILES, SCHEDULERS_BY_ARCH, SOFTCAP_SCHEDULERS, TILES_LONG_KV,
-                      TILES_M128, KernelConfig)
+from . import configs
+from .abi import CAPABILITIES, VT_GROUP, SeqMode
+from .configs import SCHEDULERS_BY_ARCH
 from .runtime import PerCall
 from .schedule import choose_section, compact_section, num_n_blocks
 
 SCHEDULERS = ("auto", "single", "static", "steal", "clc")
-ARCHS = ("sm_90a", "sm_100a")
+# The kernels' architecture per compute capability.
+ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 
 # ------------------------------------------------------------------------------ the inputs
 
@@ -79,7 +82,7 @@ class LaunchPlan(NamedTuple):
     lse_shape: tuple
     mode: int  # LAUNCH, NOTHING (no tile) or ZERO_FILL (no key)
     launches: tuple  # KernelLaunch, run in order on the call's stream
-    acc_shapes: tuple = ()  # split-KV: fp32 (oacc, lseacc) shapes, the "oacc"/"lseacc" slots
+    acc_shapes: tuple = ()  # split-KV: fp32 shapes of the partials at oacc_ptr, lseacc_ptr
     call: CallSpec | None = None
     # FP8 prefill: the kernels read V transposed (fa4_aot.interface.transposed_v, keys rounded up
     # to VT_GROUP); (shape, element strides) of that tensor as the (b, s, h, d) view they see.
@@ -115,6 +118,16 @@ def resolve_scheduler(scheduler: str, arch: str = "sm_90a") -> str:
         raise ValueError(f"scheduler {scheduler!r} is not available on {arch}; available: "
                          f"{('auto',) + SCHEDULERS_BY_ARCH[arch]}")
     return scheduler
+
+
+def device_arch(capability) -> str:
+    """The kernels' architecture of a device of compute capability (major, minor): the one
+    error for a device fa4_aot has no kernels for."""
+    arch = ARCH_BY_CAPABILITY.get(tuple(capability))
+    if arch is None:
+        raise RuntimeError(f"fa4_aot has kernels for sm_90a (H100/H200) and sm_100a (B200); "
+                           f"the device has compute capability {capability[0]}.{capability[1]}")
+    return arch
 
 
 def packing_pays(seqlen_q: int, group: int) -> bool:
@@ -197,49 +210,48 @@ def prefer_m128(tall_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: 
 
 
 # ------------------------------------------------------------------------------ kernel choice
-# Each rule: (call, device, resolved scheduler) -> bool.
+# Each rule: (call, device, resolved scheduler) -> bool; its docstring is its cell in the table
+# of docs/design.md#kernel-choice (build_tools/figures.py writes it from KERNEL_CHOICE).
 def _fp8(c, dev, sched):
+    """e4m3 k/v"""
     return bool(c.fp8)
 
 
 def _fp8_prefill(c, dev, sched):
-    """e4m3 q, k, v of a dense batch whose queries the decode kernels would not take."""
-    return (c.fp8 == "qkv" and dev.arch == "sm_90a" and c.head_dim in FP8_PREFILL_TILES
-            and not (c.paged or c.varlen or c.local or c.softcap > 0 or c.trace)
+    """e4m3 q, k, v; dense; not short queries; no window/softcap/splits"""
+    return (c.fp8 == "qkv" and not (c.paged or c.varlen or c.local or c.softcap > 0 or c.trace)
             and (c.num_splits or 1) == 1
-            and not use_decode_kernels(c.seqlen_q, c.heads // c.heads_k, None, c.scheduler))
+            and not use_decode_kernels(c.seqlen_q, c.heads // c.heads_k, None, sched))
 
 
 def _paged_or_split(c, dev, sched):
+    """paged KV or `num_splits > 1`"""
     return c.paged or (c.num_splits or 1) > 1
 
 
 def _packable(c, dev, sched):
-    return dev.arch == "sm_90a" and use_decode_kernels(
-        c.seqlen_q, c.heads // c.heads_k, c.num_splits, c.scheduler, c.trace)
+    """`use_decode_kernels`"""
+    return use_decode_kernels(c.seqlen_q, c.heads // c.heads_k, c.num_splits, sched, c.trace)
 
 
 def _wide_rows(c, dev, sched):
+    """`seqlen_q · group > 64`"""
     return use_wide_tile(c.seqlen_q, c.heads // c.heads_k)
 
 
 def _m128_cheaper(c, dev, sched):
-    if (c.local or c.softcap > 0 or c.trace or sched != "steal"
-            or c.head_dim not in TILES_M128.get(dev.arch, {})):
+    """full/causal, `steal`, no softcap/trace, the plain tile taller than 128 rows,
+    `prefer_m128`"""
+    if c.local or c.softcap > 0 or c.trace or sched != "steal":
         return False
-    tile = _own_tile(dev.arch, c.dtype, c.head_dim, c.causal, sched)
+    tile = plain_tile(c, dev)
     return tile.m > 128 and prefer_m128(tile.m, tile.n, c.seqlen_q, c.seqlen_k, c.causal,
                                         c.heads * c.batch, dev.num_sms)
 
 
-@lru_cache(maxsize=None)
-def _own_tile(arch, dtype, head_dim, causal, sched):
-    """The tile of the configuration's own (plain) kernel: what the manifest record says."""
-    return KernelConfig(arch, dtype, head_dim, causal, sched).tile
-
-
 def _rows_see_many_keys(c, dev, sched):
-    if not c.causal or c.local or c.trace or c.head_dim not in TILES_LONG_KV.get(dev.arch, {}):
+    """causal (not local, not trace), `prefer_long_kv`"""
+    if not c.causal or c.local or c.trace:
         return False
     if c.varlen:  # from the packed totals and max_seqlen
         return prefer_long_kv(varlen_length(c.q[0][1], c.batch, c.seqlen_q),
@@ -247,92 +259,185 @@ def _rows_see_many_keys(c, dev, sched):
     return prefer_long_kv(c.seqlen_q, c.seqlen_k)
 
 
+def _full(c, dev, sched):
+    """no mask (not causal, not local)"""
+    return not (c.causal or c.local)
+
+
 def _always(c, dev, sched):
+    """always"""
     return True
 
 
 class Row(NamedTuple):
-    form: str  # decode_wide / decode / m128 / long_kv / plain
+    form: str  # the kernel family: fp8_prefill / fp8_decode / decode_wide / decode / m128 /
+    # long_kv / plain (``kernel=`` of interface.prepare forces one)
+    kernel: dict  # KernelConfig fields that make the family; the others are the call's
+    tile: str  # the configs table the kernel's tile comes from; the row applies only to the
+    # (arch, head_dim) that table has
     rules: tuple  # all must hold: (call, device, resolved scheduler) -> bool
-    optional: bool  # skipped when the manifest was built without this form
-    why: str  # one line; the measurements are in docs/design.md#kernel-choice
+    optional: bool  # skipped when the manifest has no such kernel for the call
+    why: str  # one line, markdown; the measurements are in docs/design.md
 
 
-# The kernel-choice table (docs/design.md#kernel-choice): the first row whose rules hold picks
-# the kernel form, looked up once in the manifest.
+_DECODE = {"decode": True, "softcap": False}  # softcap is a run-time value there
+# The kernel-choice table (docs/design.md#kernel-choice): the first row whose tile table has the
+# call's head dim and whose rules hold picks the kernel, looked up once in the manifest.
 KERNEL_CHOICE = (
-    Row("fp8_prefill", (_fp8_prefill,), True,
-        "FP8 wgmmas for dense e4m3 prefill (docs/design.md#fp8)"),
-    Row("decode", (_fp8,), False,
-        "e4m3 inputs exist only in the 64-row FP8 decode kernels (docs/design.md#fp8)"),
-    Row("decode_wide", (_paged_or_split, _wide_rows), False,
-        "paged/split-KV exist only in the decode kernels; > 64 packed rows: the 128-row form "
-        "(docs/design.md#kernel-choice)"),
-    Row("decode", (_paged_or_split,), False,
-        "paged/split-KV exist only in the decode kernels (docs/design.md#kernel-choice)"),
-    Row("decode_wide", (_packable, _wide_rows), False,
-        "short or GQA-packable queries read K/V once per KV head and 128 packed rows "
-        "(docs/design.md#kernel-choice)"),
-    Row("decode", (_packable,), False,
-        "short or GQA-packable queries that fit one 64-row tile (docs/design.md#kernel-choice)"),
-    Row("m128", (_m128_cheaper,), True,
-        "the taller tile's padding costs more than TALL_TILE_GAIN pays back "
-        "(docs/design.md#kernel-choice)"),
-    Row("long_kv", (_rows_see_many_keys,), True,
-        "causal rows seeing >= LONG_KV_KEYS keys run faster on wide key blocks "
-        "(docs/design.md#kernel-choice)"),
-    Row("plain", (_always,), False,
-        "the configuration's own tile (docs/design.md#kernel-choice)"),
+    Row("fp8_prefill", {"fp8": "qkv"}, "FP8_PREFILL_TILES", (_fp8_prefill,), True,
+        "FP8 wgmmas ([FP8](#fp8))"),
+    Row("fp8_decode", _DECODE, "FP8_DECODE_TILES", (_fp8,), False,
+        "every other FP8 call: the 64-row [FP8 decode kernels](#fp8)"),
+    Row("decode_wide", {**_DECODE, "wide": True}, "DECODE_WIDE_TILES",
+        (_paged_or_split, _wide_rows), False,
+        "paging and split-KV exist only in the decode kernels; more packed rows than one "
+        "64-row tile take the 128-row form"),
+    Row("decode", _DECODE, "DECODE_TILES", (_paged_or_split,), False,
+        "as above, one 64-row tile"),
+    Row("decode_wide", {**_DECODE, "wide": True}, "DECODE_WIDE_TILES", (_packable, _wide_rows),
+        True, "[decode routing](#decode-routing)"),
+    Row("decode", _DECODE, "DECODE_TILES", (_packable,), True,
+        "[decode routing](#decode-routing)"),
+    Row("m128", {"m128": True}, "TILES_M128", (_m128_cheaper,), True,
+        "[tall tile](#tall-tile-or-128-rows)"),
+    Row("long_kv", {"long_kv": True}, "TILES_LONG_KV", (_rows_see_many_keys,), True,
+        "[long key ranges](#long-key-ranges)"),
+    Row("plain", {}, "TILES_WIDE_N", (_full,), False,
+        "the wider key block amortises per-block work ([prefill tiles](#prefill-sm_90a))"),
+    Row("plain", {}, "TILES", (_always,), False,
+        "the prefill kernel of (arch, dtype, head_dim, mask, scheduler, softcap); a window is "
+        "its own kernel (`local`; a causal window is local with `window_right = 0`)"),
 )
+FORMS = tuple(dict.fromkeys(r.form for r in KERNEL_CHOICE))
 
 
-def check_softcap(softcap: bool, arch: str, sched: str, scheduler: str):
-    """Softcap kernels exist on sm_90a for SOFTCAP_SCHEDULERS only (``scheduler`` as given)."""
-    if softcap and (arch != "sm_90a" or sched not in SOFTCAP_SCHEDULERS):
-        raise ValueError(
-            f"softcap is not supported on {arch}" if arch != "sm_90a" else
-            "softcap kernels exist for scheduler 'auto', "
-            + ", ".join(repr(s) for s in SOFTCAP_SCHEDULERS) + f"; got scheduler={scheduler!r}")
+def row_tile(row: Row, arch: str, head_dim: int):
+    """The tile of ``row``'s kernels at (arch, head_dim), from its configs table; None where
+    the table has none (the row does not apply)."""
+    table = getattr(configs, row.tile)
+    if any(isinstance(key, str) for key in table):  # {arch: {head_dim: Tile}}
+        table = table.get(arch, {})
+    return table.get(head_dim)
 
 
-def _lookup(manifest, form: str, c: CallSpec, arch: str, sched: str):
-    if form in ("decode", "decode_wide"):
-        if arch != "sm_90a":
-            raise ValueError(f"num_splits > 1, paged KV and the decode kernels exist on sm_90a "
-                             f"only; this device is {arch}")
-        kw = {"fp8": c.fp8} if c.fp8 else {}
-        return manifest.find(arch, c.dtype, c.head_dim, c.causal, "steal", local=c.local,
-                             decode=True, wide=form == "decode_wide", **kw)
-    if form == "fp8_prefill":
-        return manifest.find(arch, c.dtype, c.head_dim, c.causal, "steal", fp8="qkv")
-    if form == "m128":
-        return manifest.find(arch, c.dtype, c.head_dim, c.causal, sched, m128=True)
-    if form == "long_kv":
-        return manifest.find(arch, c.dtype, c.head_dim, True, sched, softcap=c.softcap > 0,
-                             long_kv=True)
-    return manifest.find(arch, c.dtype, c.head_dim, c.causal, sched, trace=c.trace,
-                         local=c.local, softcap=c.softcap > 0)
-
-
-def choose_kernel(c: CallSpec, manifest, device: DeviceInfo):
-    """(form, name, record) of the call's kernel: the first row of :data:`KERNEL_CHOICE` that
-    holds (and, for optional rows, that the manifest has)."""
-    if device.arch not in ARCHS:
-        raise RuntimeError(f"fa4_aot has kernels for sm_90a (H100/H200) and sm_100a (B200); "
-                           f"the device has {device.arch}")
-    sched = None
-    for form, rules, optional, _ in KERNEL_CHOICE:
-        if sched is None and not form.startswith("decode"):  # prefill rows: a real scheduler
-            sched = resolve_scheduler(c.scheduler, device.arch)
-            check_softcap(c.softcap > 0, device.arch, sched, c.scheduler)
-        if not all(rule(c, device, sched) for rule in rules):
-            continue
-        try:
-            return (form,) + tuple(_lookup(manifest, form, c, device.arch, sched))
-        except ValueError:
-            if not optional:
-                raise
+def plain_tile(c: CallSpec, device: DeviceInfo):
+    """The tile of the call's plain kernel (the prefill rows above weigh theirs against it)."""
+    for row in KERNEL_CHOICE:
+        if (row.form == "plain" and row_tile(row, device.arch, c.head_dim) is not None
+                and all(rule(c, device, None) for rule in row.rules)):
+            return row_tile(row, device.arch, c.head_dim)
     raise AssertionError("the last row always holds")
+
+
+def needed_capabilities(c: CallSpec) -> frozenset:
+    """The manifest capabilities (abi.CAPABILITIES) a call needs of its kernel."""
+    return frozenset(cap for cap, on in (
+        ("varlen", c.varlen), ("window", c.local), ("seqused", c.seqused_q or c.seqused_k),
+        ("paged", c.paged), ("split_kv", (c.num_splits or 1) > 1), ("softcap", c.softcap > 0),
+        ("trace", c.trace), ("fp8_" + c.fp8, bool(c.fp8))) if on)
+
+
+def _fields(row: Row, c: CallSpec, arch: str, sched: str) -> dict:
+    """The KernelConfig fields of the call's kernel of ``row``'s family."""
+    return {"arch": arch, "dtype": c.dtype, "head_dim": c.head_dim, "causal": c.causal,
+            "scheduler": sched, "trace": c.trace, "local": c.local, "softcap": c.softcap > 0,
+            "fp8": c.fp8, **row.kernel}
+
+
+def _find(manifest, fields: dict, needed: frozenset):
+    """(name, record) of the kernel with these fields if the manifest has it and it has every
+    needed capability; else None."""
+    f = dict(fields)
+    try:
+        name, rec = manifest.find(f.pop("arch"), f.pop("dtype"), f.pop("head_dim"),
+                                  f.pop("causal"), f.pop("scheduler"), **f)
+    except ValueError:
+        return None
+    return (name, rec) if needed <= set(rec["launch"]["capabilities"]) else None
+
+
+def choose_kernel(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None):
+    """(name, record) of the call's kernel: the first row of :data:`KERNEL_CHOICE` that applies
+    and holds (for optional rows: that the manifest has). ``kernel`` forces one: a manifest
+    kernel name, or a form (the first row of that form whose table has the head dim, its rules
+    not asked). The scheduler is resolved here, once per call."""
+    sched = resolve_scheduler(c.scheduler, device.arch)
+    needed = needed_capabilities(c)
+    if kernel is not None and kernel not in FORMS:
+        rec = manifest.kernels[kernel]
+        if not needed <= set(rec["launch"]["capabilities"]):
+            raise refusal(manifest, rec["config"], needed, c.scheduler)
+        return kernel, rec
+    for row in KERNEL_CHOICE:
+        if (row_tile(row, device.arch, c.head_dim) is None
+                or (kernel is None and not all(r(c, device, sched) for r in row.rules))
+                or (kernel is not None and row.form != kernel)):
+            continue
+        fields = _fields(row, c, device.arch, sched)
+        implied = frozenset(("pack_gqa",)) if row.kernel.get("decode") else frozenset()
+        found = _find(manifest, fields, needed | implied)
+        if found is not None:
+            return found
+        if kernel is not None or not row.optional:
+            raise refusal(manifest, fields, needed, c.scheduler, implied)
+    raise ValueError(f"kernel={kernel!r}: no row of that form applies to head_dim {c.head_dim}")
+
+
+# What each capability is called among attention()'s arguments (refusals name them).
+CAPABILITY_ARGS = {"varlen": "cu_seqlens_q/k (varlen)", "window": "window_size",
+                   "seqused": "seqused_q/k", "paged": "page_table (paged KV)",
+                   "split_kv": "num_splits > 1 (split-KV)", "pack_gqa": "packed GQA",
+                   "softcap": "softcap", "trace": "_trace",
+                   "fp8_kv": "FP8 (float8_e4m3fn k/v)", "fp8_qkv": "FP8 (float8_e4m3fn q, k, v)"}
+
+
+def _mask(cfg: dict) -> str:
+    return "local" if cfg.get("local") else "causal" if cfg.get("causal") else "full"
+
+
+def refusal(manifest, fields: dict, needed: frozenset, scheduler: str,
+            implied: frozenset = frozenset()) -> ValueError:
+    """The error of a call no kernel of ``manifest`` serves, saying what exists: among the
+    kernels with every capability the call needs (``implied``: needed by the row, not named),
+    the first of arch, scheduler, dtype, head_dim and mask where the call is not among them."""
+    what = ", ".join(CAPABILITY_ARGS[x] for x in CAPABILITIES if x in needed) or "fa4_aot"
+    have = [r["config"] for r in manifest.kernels.values()
+            if r["config"].get("kind", "fwd") == "fwd"
+            and needed | implied <= set(r["launch"]["capabilities"])]
+    if not have:
+        return ValueError(f"{what}: no kernel of this build supports "
+                          + ("them together" if len(needed) > 1 else "it"))
+    arch = fields["arch"]
+    for key in ("arch", "scheduler", "dtype", "head_dim", "mask"):
+        value = _mask(fields) if key == "mask" else fields[key]
+        values = {_mask(h) if key == "mask" else h[key] for h in have}
+        if value in values:
+            have = [h for h in have if (_mask(h) if key == "mask" else h[key]) == value]
+            continue
+        if key == "arch":
+            return ValueError(f"{what} kernels exist on {' and '.join(sorted(values))} only; "
+                              f"this device is {arch}")
+        if key == "scheduler":
+            names = [s for s in SCHEDULERS if s in values
+                     or (s == "auto" and resolve_scheduler("auto", arch) in values)]
+            return ValueError(f"{what} kernels exist for scheduler "
+                              f"{', '.join(map(repr, names))}; got scheduler={scheduler!r}")
+        listed = ", ".join(str(x) for x in sorted(values))
+        return ValueError(f"{what} kernels exist for {key} {listed} on {arch}; got {value}")
+    return ValueError(f"{what}: no {arch} kernel for " + ", ".join(
+        f"{k}={v}" for k, v in fields.items() if k != "arch" and v not in (False, "")))
+
+
+def prefill_call(dtype: str, head_dim: int, causal: bool, scheduler: str, trace: bool = False,
+                 local: bool = False, softcap: bool = False) -> CallSpec:
+    """The CallSpec of a one-row dense call of a configuration (what
+    ``interface.select_kernel`` asks :func:`choose_kernel` about)."""
+    view = ((1, 1, 1, head_dim), contiguous_strides((1, 1, 1, head_dim)))
+    return CallSpec(dtype=dtype, elem_bytes=2, q=view, k=view, v=view, out=view, varlen=False,
+                    batch=1, seqlen_q=1, seqlen_k=1, heads=1, heads_k=1, head_dim=head_dim,
+                    causal=causal and not local, local=local, window_left=-1,
+                    window_right=-1, softmax_scale=1.0, softcap=1.0 if softcap else 0.0,
+                    scheduler=scheduler, trace=trace)
 
 
 def combine_kernel(manifest, dtype: str, head_dim: int):
@@ -378,12 +483,6 @@ def _seq_mode(c: CallSpec, packed_k: bool, compact: bool) -> int:
                if on)
 
 
-def _needed_capabilities(c: CallSpec) -> set:
-    return {cap for cap, on in (("varlen", c.varlen), ("window", c.local),
-                                ("seqused", c.seqused_q or c.seqused_k),
-                                ("fp8_" + c.fp8, bool(c.fp8))) if on}
-
-
 def _descale_values(descales) -> dict:
     """The Quant group (abi.FWD_SM90_FP8): each descale's address slot and (batch, head)
     strides; an absent one (q_descale with a bf16 q) is a null pointer."""
@@ -395,10 +494,11 @@ def _descale_values(descales) -> dict:
     return values
 
 
-def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
+def plan(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None) -> LaunchPlan:
     """(validated call, manifest, device) -> what to allocate and every launch value of every
     launch. Values that change from call to call are the tensors' addresses only, given as
-    :class:`fa4_aot.runtime.PerCall` slots; ``sched_ptr`` is :data:`SCHED_COUNTER`."""
+    :class:`fa4_aot.runtime.PerCall` slots; ``sched_ptr`` is :data:`SCHED_COUNTER`.
+    ``kernel``: force a kernel (:func:`choose_kernel`; tools)."""
     b, sq, sk, h, hk, d = c.batch, c.seqlen_q, c.seqlen_k, c.heads, c.heads_k, c.head_dim
     (q_batch, q_rows, _, _), (k_batch, k_rows, _, _) = c.q[0], c.k[0]
     out_shape = (q_rows, h, d) if c.varlen else (b, sq, h, d)
@@ -408,13 +508,9 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
     if 0 in c.k[0] or (c.paged and 0 in c.page_table[0]):
         return LaunchPlan(out_shape, lse_shape, ZERO_FILL, (), (), c)
     g = h // hk
-    form, name, rec = choose_kernel(c, manifest, device)
-    decode = form.startswith("decode")
+    name, rec = choose_kernel(c, manifest, device, kernel)
+    decode = rec["config"]["decode"]
     launch = rec["launch"]
-    missing = _needed_capabilities(c) - set(launch["capabilities"])
-    if missing:
-        raise ValueError(f"{', '.join(sorted(missing))}: not supported by the {rec['arch']} "
-                         f"kernels (varlen, window_size, seqused_q/k, FP8 inputs)")
     tile_m, tile_n = launch["tile"]["m"], launch["tile"]["n"]
     sms = device.num_sms
     compact = False
@@ -451,11 +547,11 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
         "qhead_per_kvhead": g, "num_m_blocks": num_m_blocks, "section": section,
         "num_tiles": num_tiles, "num_splits": splits, "acc_rows": acc_rows,
         **softmax_scalars(c.softmax_scale, c.softcap), **strides,
-        "q_ptr": PerCall("q"), "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"),
-        "oacc_ptr": PerCall("oacc") if split else 0,
-        "lseacc_ptr": PerCall("lseacc") if split else 0,
+        "q_ptr": PerCall("q_ptr"), "o_ptr": PerCall("o_ptr"), "lse_ptr": PerCall("lse_ptr"),
+        "oacc_ptr": PerCall("oacc_ptr") if split else 0,
+        "lseacc_ptr": PerCall("lseacc_ptr") if split else 0,
         "sched_ptr": SCHED_COUNTER if launch["needs_counter"] else 0,
-        "trace_ptr": PerCall("trace") if c.trace else 0,
+        "trace_ptr": PerCall("trace_ptr") if c.trace else 0,
         "cu_seqlens_q": PerCall("cu_seqlens_q") if c.varlen else 0,
         "cu_seqlens_k": PerCall("cu_seqlens_k") if packed_k else 0,
         "seqused_q": PerCall("seqused_q") if c.seqused_q else 0,
@@ -465,9 +561,9 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
         "window_right": c.window_right if c.window_right >= 0 else unbounded,
         "q_stride_s": c.q[1][1], "q_stride_h": c.q[1][2],
         "q_stride_b": 0 if c.varlen else c.q[1][0],
-        "k_ptr": PerCall("k"), "k_stride_s": c.k[1][1], "k_stride_h": c.k[1][2],
+        "k_ptr": PerCall("k_ptr"), "k_stride_s": c.k[1][1], "k_stride_h": c.k[1][2],
         "k_stride_b": 0 if packed_k else c.k[1][0],
-        "v_ptr": PerCall("v"), "v_stride_s": c.v[1][1], "v_stride_h": c.v[1][2],
+        "v_ptr": PerCall("v_ptr"), "v_stride_s": c.v[1][1], "v_stride_h": c.v[1][2],
         "v_stride_b": 0 if packed_k else c.v[1][0],
         "page_table": PerCall("page_table") if c.paged else 0,
         "page_size": k_rows if c.paged else 0,
@@ -479,7 +575,7 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
     v_transposed = None
     if c.fp8:
         values.update(_descale_values(c.descales))
-    if form == "fp8_prefill":
+    if c.fp8 and not decode:  # the FP8 prefill kernels read V transposed
         rows = -(-sk // VT_GROUP) * VT_GROUP
         values["vt_rows"] = rows
         v_transposed = ((b, rows, hk, d), (hk * d * rows, 1, d * rows, rows))
@@ -488,8 +584,8 @@ def plan(c: CallSpec, manifest, device: DeviceInfo) -> LaunchPlan:
     acc_shapes = ()
     if split:
         cname, crec = combine_kernel(manifest, c.dtype, d)
-        cvalues = {"oacc_ptr": PerCall("oacc"), "lseacc_ptr": PerCall("lseacc"),
-                   "o_ptr": PerCall("out"), "lse_ptr": PerCall("lse"), **strides,
+        cvalues = {"oacc_ptr": PerCall("oacc_ptr"), "lseacc_ptr": PerCall("lseacc_ptr"),
+                   "o_ptr": PerCall("o_ptr"), "lse_ptr": PerCall("lse_ptr"), **strides,
                    "num_splits": splits, "acc_rows": acc_rows,
                    "seqlen_q": q_rows if c.varlen else sq, "num_heads": h}
         cgrid = (grid_size(crec["launch"]["grid"], acc_rows * h, sms), 1, 1)

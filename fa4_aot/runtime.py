@@ -2,16 +2,17 @@
 
 Generic over the manifest's launch record (``fa4_aot/abi.py``). Two layers:
 
-* :class:`LaunchPlan` (one per kernel record) lays the parameters out in one host buffer
+* :class:`ParamLayout` (one per kernel record) lays the parameters out in one host buffer
   (64-byte aligned slots) and turns a dict of launch values into the bytes of that buffer:
-  :meth:`LaunchPlan.pack` packs everything (the reference, used by :func:`pack_params`), and
-  :meth:`LaunchPlan.template` packs everything that does not change from call to call and
+  :meth:`ParamLayout.pack` packs everything (the reference, used by :func:`pack_params`), and
+  :meth:`ParamLayout.template` packs everything that does not change from call to call and
   returns where the per-call addresses go (:class:`Template`).
 * :class:`Launcher` (one per memoized call site and thread, built by ``fa4_aot.interface``) holds
   a template in its own parameter buffer, the parameter-pointer array and the
-  ``CUlaunchConfig``; a call writes the 8-byte addresses of that call's tensors into the buffer
-  and calls ``cuLaunchKernelEx`` on the caller's stream. The driver copies the parameters when
-  ``cuLaunchKernelEx`` is called, so the next call may overwrite the buffer.
+  ``CUlaunchConfig``; a call writes the 8-byte addresses of that call's tensors (its record of
+  :data:`ADDRESSES`) into the buffer and calls ``cuLaunchKernelEx`` on the caller's stream. The
+  driver copies the parameters when ``cuLaunchKernelEx`` is called, so the next call may
+  overwrite the buffer.
 
 TMA descriptors (``CUtensorMap``, 128 opaque bytes) are encoded once per prepared call with
 ``cuTensorMapEncodeTiled``; only their global-address field changes per call. The position of
@@ -33,10 +34,18 @@ from collections import OrderedDict
 from functools import lru_cache
 from typing import NamedTuple
 
-from .abi import AXES
+from .abi import AXES, SPECS
 
 _lock = threading.Lock()
-_modules: dict = {}  # (device index, kernel name) -> (library, kernel handle)
+_modules: dict = {}  # (device index, kernel name, cubin sha256) -> (library, kernel handle)
+
+# The per-call addresses: the launch ABI's pointer parameters (every family's, in spec order)
+# whose values change from call to call; the work-stealing counter is the stream's, fixed per
+# prepared call. A call's record is a list in this order, indexed by name through SLOT (the
+# ``slot`` of a :class:`PerCall` value); the TMA descriptor of tensor t takes slot "<t>_ptr".
+ADDRESSES = tuple(dict.fromkeys(a.name for spec in SPECS.values() for a in spec.args()
+                                if a.kind == "ptr" and a.name != "sched_ptr"))
+SLOT = {name: i for i, name in enumerate(ADDRESSES)}
 
 
 class CudaError(RuntimeError):
@@ -64,8 +73,9 @@ def _check(result, what: str):
 
 
 def get_kernel(device_index: int, name: str, cubin: bytes, record: dict):
-    """Load (once per device) and return the kernel handle for a manifest entry."""
-    key = (device_index, name)
+    """Load (once per device and cubin: two artifact folders may hold different cubins of one
+    name) and return the kernel handle for a manifest entry."""
+    key = (device_index, name, record.get("sha256"))
     with _lock:
         hit = _modules.get(key)
         if hit is not None:
@@ -229,15 +239,15 @@ _SCALAR_FORMATS = {"ptr": ("<Q", int), "i64": ("<q", int), "i32": ("<i", int), "
 
 
 class PerCall(NamedTuple):
-    """A launch value known only at call time: the address of the call's tensor ``slot``
-    (e.g. ``PerCall("out")`` for ``o_ptr``). Only ``ptr`` parameters take one."""
+    """A launch value known only at call time: the call's address of ``slot``, a name of
+    :data:`ADDRESSES` (e.g. ``PerCall("o_ptr")``). Only ``ptr`` parameters take one."""
 
     slot: str
 
 
 class TensorView(NamedTuple):
     """What a ``tensormap`` parameter needs of a tensor: its 4-D (b, s, h, d) shape and element
-    strides, element size, the address it has now, and its per-call slot."""
+    strides, element size, the address it has now, and its per-call slot (ADDRESSES)."""
 
     shape: tuple
     stride: tuple
@@ -255,7 +265,7 @@ class Template(NamedTuple):
     tmap_patches: tuple  # (byte offset, param, dims, strides, slot): re-encoded per call
 
 
-class LaunchPlan:
+class ParamLayout:
     """How one kernel's parameters are laid out and packed, worked out once per launch record.
 
     Every parameter gets a 64-byte aligned slot in one buffer; scalars and int tuples are
@@ -344,15 +354,15 @@ class LaunchPlan:
         return Template(bytes(buf), tuple(self.offsets), tuple(ptr_patches), tuple(tmap_patches))
 
 
-_plans: dict = {}
+_layouts: dict = {}
 
 
-def launch_plan(name: str, params: list[dict]) -> LaunchPlan:
-    """The (cached) plan of a manifest kernel."""
-    plan = _plans.get(name)
-    if plan is None or plan.params is not params:
-        plan = _plans[name] = LaunchPlan(params)
-    return plan
+def param_layout(name: str, params: list[dict]) -> ParamLayout:
+    """The (cached) parameter layout of a manifest kernel."""
+    layout = _layouts.get(name)
+    if layout is None or layout.params is not params:
+        layout = _layouts[name] = ParamLayout(params)
+    return layout
 
 
 def pack_params(params: list[dict], values: dict, tensors: dict) -> list[bytes]:
@@ -360,35 +370,34 @@ def pack_params(params: list[dict], values: dict, tensors: dict) -> list[bytes]:
 
     Pure function of the record and the values (no GPU work except ``tensormap`` encoding),
     so it is tested on the CPU against the PTX entry signatures."""
-    plan = LaunchPlan(params)
-    buf = plan.pack(values, tensors)
-    return [bytes(buf[off:off + p["size"]]) for off, p in zip(plan.offsets, params)]
+    layout = ParamLayout(params)
+    buf = layout.pack(values, tensors)
+    return [bytes(buf[off:off + p["size"]]) for off, p in zip(layout.offsets, params)]
 
 
 # ------------------------------------------------------------------------------ launching
 class Launcher:
     """One kernel launch of a memoized call site, for one thread: the template in its own
     64-byte aligned parameter buffer, the parameter-pointer array, the ``CUlaunchConfig`` (grid,
-    block, shared memory, stream, cluster) and the list of 8-byte slots to fill per call.
-    ``slots`` names the per-call addresses in the order :meth:`__call__` receives them."""
+    block, shared memory, stream, cluster) and the 8-byte words to fill per call, each with
+    its index in the call's address record (:data:`SLOT`)."""
 
     __slots__ = ("_raw", "buf", "u64", "ptrs", "params", "cfg", "func", "launch", "patches",
                  "tmaps", "template")
 
-    def __init__(self, kernel, template: Template, slots: tuple, grid: tuple, block,
-                 smem: int, stream_handle: int, cluster=None):
+    def __init__(self, kernel, template: Template, grid: tuple, block, smem: int,
+                 stream_handle: int, cluster=None):
         size = len(template.image)
         self._raw = ctypes.create_string_buffer(size + 64)
         base = (ctypes.addressof(self._raw) + 63) & ~63
         ctypes.memmove(base, template.image, size)
         self.buf = (ctypes.c_char * size).from_address(base)
         self.u64 = (ctypes.c_uint64 * (size // 8)).from_address(base)
-        index = {s: i for i, s in enumerate(slots)}
         for off, _ in template.ptr_patches:
             if off % 8:
                 raise ValueError(f"per-call address at byte {off} is not 8-byte aligned")
-        self.patches = tuple((off // 8, index[s]) for off, s in template.ptr_patches)
-        self.tmaps = tuple((off, p, dims, strides, index[s])
+        self.patches = tuple((off // 8, SLOT[s]) for off, s in template.ptr_patches)
+        self.tmaps = tuple((off, p, dims, strides, SLOT[s])
                            for off, p, dims, strides, s in template.tmap_patches)
         n = len(template.offsets)
         self.ptrs = (ctypes.c_uint64 * n)()
@@ -399,7 +408,8 @@ class Launcher:
         self.template = template
 
     def __call__(self, addresses):
-        """Write this call's addresses (indexed like ``slots``) and launch."""
+        """Write this call's addresses (its record: a sequence in :data:`ADDRESSES` order)
+        and launch."""
         u64 = self.u64
         for i, s in self.patches:
             u64[i] = addresses[s]

@@ -1,6 +1,9 @@
-"""Validation of an :func:`fa4_aot.attention` call: every check, every error message (each
-names the argument and what was expected), and the :class:`fa4_aot.plan.CallSpec` of a valid
-call. Run once per memo miss, and once when torch.compile traces a call (:func:`check`)."""
+"""Validation of an :func:`fa4_aot.attention` call: every check of its arguments, every error
+message (each names the argument and what was expected), and the :class:`fa4_aot.plan.CallSpec`
+of a valid call. Run once per memo miss, and once when torch.compile traces a call
+(:func:`check`). Which kernels exist is not checked here: the planner asks the manifest
+(:func:`fa4_aot.plan.refusal`). The call's arguments: :class:`Args`; in the torch op's lists:
+:class:`OpTensors`, :class:`OpSizes`."""
 
 from __future__ import annotations
 
@@ -9,8 +12,7 @@ import os
 from typing import NamedTuple
 
 from .abi import KV_CHUNK
-from .configs import FP8_DECODE_TILES
-from .plan import MAX_SPLITS, CallSpec, contiguous_strides, resolve_scheduler
+from .plan import MAX_SPLITS, SCHEDULERS, CallSpec, contiguous_strides
 
 try:
     import torch
@@ -52,6 +54,30 @@ class Args(NamedTuple):
     @property
     def varlen(self) -> bool:
         return self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
+
+
+class OpTensors(NamedTuple):
+    """``torch.ops.fa4_aot.fwd``'s ``tensors`` list, in order (None where absent; the
+    descales may be left off)."""
+
+    cu_seqlens_q: object
+    cu_seqlens_k: object
+    seqused_q: object
+    seqused_k: object
+    page_table: object
+    q_descale: object = None
+    k_descale: object = None
+    v_descale: object = None
+
+
+class OpSizes(NamedTuple):
+    """``torch.ops.fa4_aot.fwd``'s ``sizes`` list, in order."""
+
+    max_seqlen_q: int  # 0 without varlen
+    max_seqlen_k: int
+    window_left: int  # -1: unbounded
+    window_right: int
+    num_splits: int  # 0: automatic
 
 
 def dtype_names() -> dict:
@@ -199,10 +225,6 @@ def check_serving_args(a: Args, batch: int):
             raise ValueError("page_table needs seqused_k (the used KV length of each sequence)")
         if a.cu_seqlens_k is not None:
             raise ValueError("page_table replaces cu_seqlens_k: pass seqused_k for the lengths")
-    if ((table is not None or (ns or 1) > 1)
-            and (a.trace is not None or a.scheduler not in ("auto", "steal"))):
-        raise ValueError("num_splits > 1 and page_table run on the work-stealing decode kernels: "
-                         f"scheduler must be 'auto' or 'steal', got {a.scheduler!r}")
 
 
 def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -257,8 +279,9 @@ def window(window_size, causal):
 
 def check_descales(a: Args, batch: int):
     """q_descale / k_descale / v_descale (FA3's): fp32 (batch, heads_k) on q's device, any
-    strides (an expanded scalar too), given exactly for the e4m3 inputs; and what the FP8
-    kernels support. Their values are not read on the host."""
+    strides (an expanded scalar too), given exactly for the e4m3 inputs; FP8 calls only with
+    FP8_ENV set. Their values are not read on the host; which FP8 kernels exist is the
+    planner's to say (fa4_aot.plan.refusal)."""
     fp8_q, fp8_kv = is_fp8(a.q), is_fp8(a.k)
     hk = a.k.shape[-2]
     for name, t, e4m3 in (("q_descale", a.q_descale, fp8_q), ("k_descale", a.k_descale, fp8_kv),
@@ -286,12 +309,6 @@ def check_descales(a: Args, batch: int):
             raise NotImplementedError(
                 f"FP8 inputs: the FP8 kernels are built but have not yet been validated on a "
                 f"GPU; set {FP8_ENV}=1 to run them anyway (docs/design.md#fp8)")
-        d = a.q.shape[-1]
-        if d not in FP8_DECODE_TILES:
-            raise ValueError(f"FP8 kernels exist for head_dim {tuple(FP8_DECODE_TILES)}, got {d}")
-        if a.trace is not None or a.scheduler not in ("auto", "steal"):
-            raise ValueError("FP8 calls run on the work-stealing decode kernels: scheduler must "
-                             f"be 'auto' or 'steal' and no _trace; got {a.scheduler!r}")
 
 
 def check_out(out, q):
@@ -325,7 +342,8 @@ def check(a: Args, device_type: str = "cuda"):
     check_serving_args(a, batch)
     check_descales(a, batch)
     local, left, right = window(a.window_size, a.causal)
-    resolve_scheduler(a.scheduler)  # validate the name before any GPU work
+    if a.scheduler not in SCHEDULERS:  # the name (the planner resolves it per architecture)
+        raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {a.scheduler!r}")
     if a.q.device.type != device_type:
         raise ValueError(f"q, k, v must be CUDA tensors; got device {a.q.device}")
     check_out(a.out, a.q)

@@ -1,4 +1,5 @@
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,46 @@ def memo_plan():
     from fa4_aot import interface
     (plan,) = interface.memo_plans()
     return plan
+
+
+# README.md states the fast suite's counts on a machine without a GPU (build_tools/figures.py
+# writes them). A whole run of tests/ there checks them against its own: a test added or removed
+# fails the run until the README says so. FA4_AOT_FIGURES=1: figures.py is counting.
+_README_COUNTS = {}
+
+
+def _whole_run_without_gpu(session) -> bool:
+    config = session.config
+    if (os.environ.get("FA4_AOT_FIGURES") or config.option.keyword or config.option.markexpr
+            or config.getoption("--run-reproducible") or config.option.collectonly
+            or [Path(a).resolve() for a in config.args] != [ROOT / "tests"]):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return not torch.cuda.is_available()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if exitstatus != 0 or reporter is None or not _whole_run_without_gpu(session):
+        return
+    if reporter.stats.get("deselected"):
+        return
+    from build_tools.figures import README, TESTS_PATTERN, region
+    ran = f"{len(reporter.stats.get('passed', []))} passed, " \
+          f"{len(reporter.stats.get('skipped', []))} skipped"
+    said = region(README.read_text(), "tests") or ""
+    if not re.fullmatch(TESTS_PATTERN, said) or said != ran:
+        _README_COUNTS["stale"] = (said, ran)
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if "stale" in _README_COUNTS:
+        said, ran = _README_COUNTS["stale"]
+        terminalreporter.write_line(
+            f"README.md says the fast suite ends with {said!r}; this run: {ran!r}. Run "
+            "`python build_tools/figures.py --write` (or edit the figures:tests part).", red=True)

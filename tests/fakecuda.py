@@ -77,12 +77,14 @@ class FakeDriver:
     def cuGetErrorString(self, err):
         return _Success(0), b"fake error"
 
-    def cuTensorMapEncodeTiled(self, dtype, rank, address, dims, strides, box, elem_strides,
-                               interleave, swizzle, l2, oob):
+    def cuTensorMapEncodeTiled(self, dtype, rank, address, dims, strides, box, *rest):
+        """``rest``: element strides, interleave, swizzle, L2 promotion, OOB fill (the
+        driver's arguments, in its order)."""
+        elem_strides, *modes = rest
         self.encodes += 1
         self.boxes.append([int(x) for x in box])
         desc = repr((dtype, rank, list(dims), list(strides), list(box), list(elem_strides),
-                     interleave, swizzle, l2, oob)).encode()
+                     *modes)).encode()
         words = [zlib.crc32(desc + bytes([i])) | (i << 40) for i in range(16)]
         if self.addr_word is None:
             words[1] = (words[1] & ~((1 << 44) - 1)) | (address >> 4)
@@ -115,9 +117,17 @@ def fwd_params(dtype="bf16", head_dim=128, tile_m=128, tile_n=128):
     return abi.ptx_params(abi.FWD_SM90, dtype, head_dim, tile_m, tile_n)
 
 
+_SPACES = {}
+
+
+def _space(configs):
+    return _SPACES.setdefault(id(configs), frozenset(configs))
+
+
 class FakeManifest:
-    """Every configuration of fa4_aot.configs exists; records are what the build writes
-    (``abi.launch_record``). ``found`` lists the lookups."""
+    """Every configuration of fa4_aot.configs.CONFIG_SPACE exists (and nothing else, as in a
+    full build); records are what the build writes (``abi.launch_record``). ``found`` lists
+    the lookups."""
 
     def __init__(self):
         self.found = []
@@ -125,16 +135,29 @@ class FakeManifest:
 
     def find(self, arch, dtype, head_dim, causal, scheduler, trace=False, local=False,
              softcap=False, **kw):
-        from fa4_aot import abi
-        from fa4_aot.configs import KernelConfig
+        from fa4_aot.configs import CONFIG_SPACE, KernelConfig
         self.found.append((arch, dtype, head_dim, causal, scheduler, trace, local, softcap))
         cfg = KernelConfig(arch, dtype, head_dim, causal, scheduler, trace=trace, local=local,
                            softcap=softcap, **kw)
+        if cfg not in _space(CONFIG_SPACE):
+            raise ValueError(f"no fa4_aot kernel {cfg.name} (not in CONFIG_SPACE)")
+        return self._record(cfg)
+
+    def _record(self, cfg):
+        from fa4_aot import abi
         name = "fake_" + cfg.name
         if name not in self.records:
-            self.records[name] = {"arch": arch, "entry": name, "config": cfg.to_dict(),
+            self.records[name] = {"arch": cfg.arch, "entry": name, "config": cfg.to_dict(),
                                   "launch": abi.launch_record(cfg, 200000)}
         return name, self.records[name]
+
+    @property
+    def kernels(self):
+        """{name: record} of every configuration (what the planner's refusals read)."""
+        from fa4_aot.configs import CONFIG_SPACE
+        for cfg in CONFIG_SPACE:
+            self._record(cfg)
+        return self.records
 
     def cubin_bytes(self, name):
         return b"\0"
@@ -142,7 +165,7 @@ class FakeManifest:
 
 def install(monkeypatch, addr_word=3, sms=132, arch="sm_90a", stream=0x5000):
     """Patch fa4_aot so that CPU tensors take the CUDA path with a fake driver and manifest."""
-    from fa4_aot import interface, runtime
+    from fa4_aot import buffers, interface, runtime
     drv = FakeDriver(addr_word)
     drv.manifest = FakeManifest()
     monkeypatch.setattr(interface, "load_manifest", lambda: drv.manifest)
@@ -156,7 +179,7 @@ def install(monkeypatch, addr_word=3, sms=132, arch="sm_90a", stream=0x5000):
     monkeypatch.setattr(interface, "_device_arch", lambda device: arch)
     monkeypatch.setattr(interface, "num_sms", lambda device: sms)
     monkeypatch.setattr(interface, "_capturing", lambda: False)
-    monkeypatch.setattr(interface, "_counters", {})
+    monkeypatch.setattr(buffers, "_counters", {})
     drv.stream = stream
     orig_init = runtime.Launcher.__init__
 

@@ -19,6 +19,7 @@ BENCH = ROOT / "bench"
 
 import benchlib as bl  # noqa: E402  (bench/ is on pytest.ini's pythonpath)
 import cold_start  # noqa: E402
+import tracelib as tl  # noqa: E402
 
 PROVIDERS = ["fa4_aot:single", "fa4_aot:static", "fa4_aot:steal", "cudnn", "flash", "fa4"]
 
@@ -301,43 +302,43 @@ def test_trace_stats_handmade():
         [1, 2, t0 + 2 * us, t0 + 6 * us],   # overlaps the tile above: union 0..6
         [0, 0, 0, 0],                       # never ran
     ], dtype=np.int64)
-    st = bl.trace_stats(tr, num_sms=4)
+    st = tl.trace_stats(tr, num_sms=4)
     assert st["tiles"] == 5 and st["tiles_run"] == 4 and st["tiles_missing"] == 1
     assert st["makespan_us"] == pytest.approx(20.0)
     assert st["busy_per_sm"][:2] == [1.0, 0.3] and st["busy_per_sm"][2:] == [0.0, 0.0]
     assert st["busy_mean"] == pytest.approx(1.3 / 4)
     assert st["tail_us"] == pytest.approx(14.0)  # SM 1 idle from 6 us
     assert st["ctas"] == 3 and st["tiles_per_cta_max"] == 2
-    lane, lanes = bl.assign_lanes(np.array([0, 10, 0, 2.0]), np.array([10, 20, 5, 6.0]),
+    lane, lanes = tl.assign_lanes(np.array([0, 10, 0, 2.0]), np.array([10, 20, 5, 6.0]),
                                   np.array([0, 0, 1, 1]))
     assert lanes == {0: 1, 1: 2} and list(lane) == [0, 0, 0, 1]
-    text = bl.format_trace_stats(st, "t")
+    text = tl.format_trace_stats(st, "t")
     assert "1 never ran" in text and "makespan" in text
     with pytest.raises(ValueError):
-        bl.trace_array(np.zeros((3, 3)))
-    assert bl.trace_stats(np.zeros((4, 4), np.int64))["tiles_run"] == 0
+        tl.trace_array(np.zeros((3, 3)))
+    assert tl.trace_stats(np.zeros((4, 4), np.int64))["tiles_run"] == 0
 
 
 @pytest.mark.parametrize("sched", ["single", "static", "steal"])
 def test_synthetic_trace_plausible(sched):
     np = pytest.importorskip("numpy")
-    tr, meta = bl.synthetic_trace(sched, num_sms=8, num_m_blocks=6, heads=2, batch=2, seed=1)
+    tr, meta = tl.synthetic_trace(sched, num_sms=8, num_m_blocks=6, heads=2, batch=2, seed=1)
     assert tr.shape == (24, 4) and tr.dtype == np.int64
     assert (tr[:, 3] > tr[:, 2]).all() and (tr[:, 0] < 8).all()
     # no two tiles of one CTA overlap in time
     for c in np.unique(tr[:, 1]):
         iv = sorted(map(tuple, tr[tr[:, 1] == c][:, 2:]))
         assert all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
-    st = bl.trace_stats(tr, meta["num_sms"])
+    st = tl.trace_stats(tr, meta["num_sms"])
     assert st["tiles_run"] == 24 and 0 < st["busy_mean"] <= 1
-    mb, hd, bt = bl.tile_decode(len(tr), meta)
+    mb, hd, bt = tl.tile_decode(len(tr), meta)
     assert sorted(zip(mb, hd, bt)) == sorted((m, h, b) for m in range(6) for h in range(2) for b in range(2))
     assert st["ctas"] == (24 if sched == "single" else 8)
 
 
 def test_steal_beats_static_on_causal_synthetic():
     pytest.importorskip("numpy")
-    ms = {s: bl.trace_stats(bl.synthetic_trace(s, num_sms=16, num_m_blocks=32, heads=4,
+    ms = {s: tl.trace_stats(tl.synthetic_trace(s, num_sms=16, num_m_blocks=32, heads=4,
                                                batch=1, seed=0)[0])["makespan_us"]
           for s in ("static", "steal")}
     assert ms["steal"] < ms["static"]
@@ -346,29 +347,29 @@ def test_steal_beats_static_on_causal_synthetic():
 def test_trace_png_and_color_modes(tmp_path):
     pytest.importorskip("matplotlib")
     np = pytest.importorskip("numpy")
-    tr, meta = bl.synthetic_trace("steal", num_sms=16, num_m_blocks=8, heads=4, batch=2,
+    tr, meta = tl.synthetic_trace("steal", num_sms=16, num_m_blocks=8, heads=4, batch=2,
                                   ctas_per_sm=2)
     for mode in ("auto", "cta", "head", "batch", "order"):
         out = tmp_path / f"t_{mode}.png"
-        bl.plot_trace(tr, out, meta, color_by=mode)
+        tl.plot_trace(tr, out, meta, color_by=mode)
         assert out.read_bytes()[:4] == b"\x89PNG"
     # without metadata m_block colouring falls back to CTA instead of failing
-    bl.plot_trace(tr, tmp_path / "nometa.png", None, color_by="m_block")
+    tl.plot_trace(tr, tmp_path / "nometa.png", None, color_by="m_block")
     assert (tmp_path / "nometa.png").stat().st_size > 5000
     tr2 = tr.copy()
     tr2[3] = 0
-    bl.plot_trace(tr2, tmp_path / "missing.png", meta)
+    tl.plot_trace(tr2, tmp_path / "missing.png", meta)
     with pytest.raises(ValueError):
-        bl.tile_decode(len(tr), dict(meta, num_m_blocks=3))
+        tl.tile_decode(len(tr), dict(meta, num_m_blocks=3))
     explicit = {"m_block": list(range(len(tr)))}
-    assert list(bl.tile_decode(len(tr), explicit)[0]) == list(range(len(tr)))
+    assert list(tl.tile_decode(len(tr), explicit)[0]) == list(range(len(tr)))
     np.save(tmp_path / "t.npy", tr)
 
 
 def test_trace_render_cli(tmp_path):
     pytest.importorskip("matplotlib")
     np = pytest.importorskip("numpy")
-    tr, meta = bl.synthetic_trace("static", num_sms=16, num_m_blocks=8, heads=4, batch=2)
+    tr, meta = tl.synthetic_trace("static", num_sms=16, num_m_blocks=8, heads=4, batch=2)
     np.save(tmp_path / "buf.npy", tr)
     (tmp_path / "meta.json").write_text(json.dumps(
         {k: meta[k] for k in ("num_m_blocks", "heads", "batch", "scheduler", "section")}))

@@ -144,8 +144,10 @@ def _args(**over):
     (dict(v_descale=torch.ones(2, 8)), ValueError, r"= \(2, 2\)"),
     (dict(v_descale=torch.ones(2, 2, device="meta")), ValueError, "v_descale must be on"),
     (dict(q=torch.randn(2, 1, 8, 96, dtype=torch.bfloat16), k=torch.randn(2, 64, 2, 96).to(E4M3),
-          v=torch.randn(2, 64, 2, 96).to(E4M3)), ValueError, "FP8 kernels exist for head_dim"),
-    (dict(scheduler="single"), ValueError, "scheduler must"),
+          v=torch.randn(2, 64, 2, 96).to(E4M3)), ValueError,
+     r"FP8 \(float8_e4m3fn k/v\) kernels exist for head_dim 64, 128, 256 on sm_90a; got 96"),
+    (dict(scheduler="single"), ValueError, "FP8 .* kernels exist for scheduler 'auto', 'steal'; "
+                                           "got scheduler='single'"),
     (dict(out=torch.empty(2, 1, 8, 128).to(E4M3)), ValueError, "out must be a tensor .* dtype torch.bfloat16"),
 ])
 def test_fp8_argument_errors(monkeypatch, over, exc, match):

@@ -43,6 +43,39 @@ def test_eta_follows_the_measured_rate():
     assert bld.eta_seconds(1, 0, 1.0) is None
 
 
+def test_a_resumed_builds_eta_uses_the_measured_per_kernel_times():
+    """A kernel still to build costs its own measured time when its record has one (an earlier
+    run built it), else the mean of this run's kernels, else the manifest's, else the constant;
+    spread over the jobs."""
+    records = {"a": {"build_seconds": 30.0}, "b": {"build_seconds": 10.0}, "c": {}}
+    eta = bld.BuildEta(["a", "c", "d"], 2, records)
+    assert eta.seconds() == pytest.approx((30 + 20 + 20) / 2)  # c, d: the records' mean
+    eta.finished("a", 40.0)
+    assert eta.seconds() == pytest.approx((40 + 40) / 2)  # this run's mean from now on
+    eta.finished("c", None)  # failed: no time
+    assert eta.seconds() == pytest.approx(40.0)  # one kernel left, one process
+    eta.finished("d", 5.0)
+    assert eta.seconds() == 0
+    fresh = bld.BuildEta([f"k{i}" for i in range(10)], 2, {})
+    assert fresh.seconds() == pytest.approx(bld.estimate_seconds(10, 2))
+    line = bld.progress_line(1, 3, "a", "ok", 12.0, eta=30.0)
+    assert line.endswith("(12s, ETA 30s)")
+
+
+def test_mixed_ptxas_versions_are_named_with_their_counts():
+    build = {"ptxas_release": "13.1", "ptxas_version": "13.1.115"}
+    same = {"a": {"ptxas_version": "13.1.115"}, "b": {"ptxas_version": "13.1.115"}}
+    assert bld.ptxas_versions(build, same) == build
+    mixed = {**same, "c": {"ptxas_version": "13.0.88"}}
+    assert bld.ptxas_versions(build, mixed) == {
+        "ptxas_release": "13.1", "ptxas_version": "mixed",
+        "ptxas_versions": {"13.0.88": 1, "13.1.115": 2}}
+    best = {"ptxas_release": "best", "ptxas_version": "best"}
+    assert bld.ptxas_versions(best, mixed)["ptxas_version"] == "best"
+    committed = json.loads(MANIFEST.read_text())
+    assert bld.ptxas_versions(committed["build"], committed["kernels"]) == committed["build"]
+
+
 def makefile_minutes() -> dict[str, int]:
     """The durations the Makefile states (the one place that does): TEST_MINUTES,
     FULL_REBUILD_MINUTES."""

@@ -212,27 +212,21 @@ def test_softcap_kernel_selection(monkeypatch):
     from fa4_aot import interface
     from fa4_aot.configs import CONFIG_SPACE
 
-    found = []
-
-    class FakeManifest:
-        def find(self, arch, dtype, hd, causal, sched, trace=False, variant="", local=False,
-                 softcap=False):
-            found.append((arch, sched, softcap))
-            return "k", {}
-
-    monkeypatch.setattr(interface, "load_manifest", lambda: FakeManifest())
+    man = fakecuda.FakeManifest()
+    monkeypatch.setattr(interface, "load_manifest", lambda: man)
     monkeypatch.setattr(interface, "_device_arch", lambda device: "sm_90a")
     dev = torch.device("cpu")
     interface.select_kernel(dev, torch.bfloat16, 128, True, "auto", softcap=True)
     interface.select_kernel(dev, torch.bfloat16, 128, False, "single", softcap=True)
     interface.select_kernel(dev, torch.bfloat16, 128, False, "auto")
-    assert found == [("sm_90a", "steal", True), ("sm_90a", "single", True),
-                     ("sm_90a", "steal", False)]
+    assert [(arch, sched, cap) for arch, _, _, _, sched, _, _, cap in man.found] == [
+        ("sm_90a", "steal", True), ("sm_90a", "single", True), ("sm_90a", "steal", False)]
     with pytest.raises(ValueError, match="softcap kernels exist for scheduler 'auto', 'single', "
                                          "'steal'; got scheduler='static'"):
         interface.select_kernel(dev, torch.bfloat16, 128, True, "static", softcap=True)
     monkeypatch.setattr(interface, "_device_arch", lambda device: "sm_100a")
-    with pytest.raises(ValueError, match="softcap is not supported on sm_100a"):
+    with pytest.raises(ValueError, match="softcap kernels exist on sm_90a only; this device is "
+                                         "sm_100a"):
         interface.select_kernel(dev, torch.bfloat16, 128, True, "auto", softcap=True)
     # Every (dtype, head_dim, mask) of sm_90a has a softcap kernel for both schedulers.
     plain = {(c.dtype, c.head_dim, c.causal, c.local) for c in CONFIG_SPACE
@@ -265,21 +259,21 @@ def test_softcap_launch_values():
         "softmax_scale_log2": scale * math.log2(math.e), "softmax_scale": scale, "softcap_pre": 0.0}
 
 
-def test_launch_plan_layout(monkeypatch):
-    """The plan packs every parameter of a real record at 64-byte aligned offsets (descriptors
+def test_param_layout(monkeypatch):
+    """The layout packs every parameter of a real record at 64-byte aligned offsets (descriptors
     from the descriptor encoder, faked here), static placeholders zero."""
     from fa4_aot import runtime
     params = fwd_params("bf16", 128, 128, 128)
     monkeypatch.setattr(runtime, "tensormap_bytes", lambda p, t: bytes([len(p["name"])]) * 128)
-    plan = runtime.LaunchPlan(params)
-    assert all(o % 64 == 0 for o in plan.offsets) and plan.size % 8 == 0
+    layout = runtime.ParamLayout(params)
+    assert all(o % 64 == 0 for o in layout.offsets) and layout.size % 8 == 0
     tensors = {"q": None, "k": None, "v": None}
-    buf = plan.pack(_values(), tensors)
-    for off, p, b in zip(plan.offsets, params, pack_params(params, _values(), tensors)):
+    buf = layout.pack(_values(), tensors)
+    for off, p, b in zip(layout.offsets, params, pack_params(params, _values(), tensors)):
         assert bytes(buf[off:off + p["size"]]) == b
-    assert bytes(buf[plan.offsets[0]:plan.offsets[0] + 128]) == bytes([5]) * 128  # "tma_q"
+    assert bytes(buf[layout.offsets[0]:layout.offsets[0] + 128]) == bytes([5]) * 128  # "tma_q"
     with pytest.raises(ValueError, match="packed 4 bytes, record says 8"):
-        runtime.LaunchPlan([{"name": "x", "kind": "i32", "size": 8, "align": 8, "value": "x"}])
+        runtime.ParamLayout([{"name": "x", "kind": "i32", "size": 8, "align": 8, "value": "x"}])
 
 
 # ------------------------------------------------------------------ TMA descriptor patching
@@ -341,9 +335,10 @@ def _reference_buffer(launch, record, values, tensors):
 
 def _expected_values(entry_launch, out, lse, q, k, v, cu_q=None, cu_k=None):
     vals = dict(entry_launch.values)
-    addrs = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "out": out.data_ptr(),
-             "lse": lse.data_ptr(), "cu_seqlens_q": cu_q.data_ptr() if cu_q is not None else 0,
-             "cu_seqlens_k": cu_k.data_ptr() if cu_k is not None else 0, "trace": 0}
+    addrs = {"q_ptr": q.data_ptr(), "k_ptr": k.data_ptr(), "v_ptr": v.data_ptr(),
+             "o_ptr": out.data_ptr(), "lse_ptr": lse.data_ptr(),
+             "cu_seqlens_q": cu_q.data_ptr() if cu_q is not None else 0,
+             "cu_seqlens_k": cu_k.data_ptr() if cu_k is not None else 0, "trace_ptr": 0}
     return {n: (addrs[x.slot] if isinstance(x, fa4_aot.runtime.PerCall) else x)
             for n, x in vals.items()}
 

@@ -154,6 +154,22 @@ def test_missing_cubins_fail_with_the_reason(capsys, tmp_path):
     assert "k0 (" in err and "Invalid fatbin header" in err
 
 
+def test_peaks_say_how_far_they_got(capsys, tmp_path):
+    """--peaks reads every cubin's SASS (minutes for a whole manifest): stderr says how far it
+    got, a line per tenth when it is not a terminal, the last one without an ETA."""
+    try:
+        tcm.get_inspect_tools()
+    except tcm.ToolchainError as exc:
+        pytest.skip(f"cuobjdump/nvdisasm not available: {exc}")
+    path = write_manifest(tmp_path, {f"k{i}": kernel_record(f"k{i}", resources())
+                                     for i in range(20)})
+    rc, out, err = run(capsys, "--manifest", path, "--peaks", "--jobs", "2")
+    progress = [ln for ln in err.splitlines() if ln.startswith("spill_report --peaks: ")]
+    assert [ln.split()[2] for ln in progress] == [f"{2 * i}/20" for i in range(1, 11)]
+    assert "ETA" in progress[0] and "ETA" not in progress[-1]
+    assert out.splitlines()[-1].startswith("20 kernels")  # the table is on stdout, whole
+
+
 def test_empty_manifest_is_refused_with_the_reason(capsys, tmp_path):
     for text in ("{}", "[]", '{"kernels": [1]}'):
         (tmp_path / "manifest.json").write_text(text)

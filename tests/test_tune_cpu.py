@@ -43,7 +43,6 @@ def test_every_sm90_kernel_has_a_representative_call():
         if cfg["decode"]:
             rows = s["seqlen_q"] * s["heads"] // s["heads_k"]
             assert rows <= cfg["tile"]["m"]  # one packed tile of the kernel's height
-            assert tune.forced_form(cfg) == ("decode_wide" if cfg["wide"] else "decode")
         json.dumps(s)
     assert set(families) == {"prefill", "decode", "decode_wide", "combine"}
     assert len(families["combine"]) == 10
@@ -246,20 +245,17 @@ def test_table_summarises_families_and_the_gain_over_newest(tmp_path):
 ])
 def test_measure_forces_the_kernel_and_times_its_launch_alone(monkeypatch, name):
     """tune.measure's host path on CPU tensors with the fake driver (tests/fakecuda.py): the
-    call runs the forced kernel (a combine kernel: after its decode kernel), and the timed
-    callable launches exactly that one kernel with the call's grid."""
+    call, prepared against the candidate's manifest with the kernel forced
+    (fa4_aot.interface.prepare), runs that kernel (a combine kernel: after its decode kernel),
+    and the timed callable launches exactly that one kernel with the call's grid."""
     torch = pytest.importorskip("torch")
     import fakecuda
+    from fa4_aot import interface
     from fa4_aot.manifest import load_manifest
-    from tools.ab_artifacts import Variant
     if name not in SHIPPED["kernels"]:
         pytest.skip(f"{name} is not shipped")
     drv = fakecuda.install(monkeypatch)
-    monkeypatch.setattr("fa4_aot.interface.load_manifest", lambda root=None: drv.manifest)
-    base = load_manifest(str(ROOT / "artifacts"))
-    var = Variant.from_manifest("shipped", tune.Overlay(None, base))
-    for attr in ("_modules", "_plans"):
-        monkeypatch.setattr(f"fa4_aot.runtime.{attr}", {})
+    man = tune.Overlay(None, load_manifest(str(ROOT / "artifacts")))
     shape = tune.shape_for(SHIPPED["kernels"][name]["config"])
     small = {**shape, "batch": 2, "seqlen_q": min(shape["seqlen_q"], 256),
              "seqlen_k": 512}
@@ -268,7 +264,7 @@ def test_measure_forces_the_kernel_and_times_its_launch_alone(monkeypatch, name)
     k = torch.randn(small["batch"], small["seqlen_k"], small["heads_k"], small["head_dim"],
                     dtype=dt)
     before = len(drv.launches)
-    prep = tune._prepare_launch(name, small, var, q, k, k)
+    prep = tune._prepare_launch(name, small, man, q, k, k)
     launched = prep.launch["launches"]
     assert name in launched and len(drv.launches) - before == len(launched)
     if SHIPPED["kernels"][name]["config"]["kind"] == "combine":
@@ -278,6 +274,4 @@ def test_measure_forces_the_kernel_and_times_its_launch_alone(monkeypatch, name)
     prep()
     assert len(drv.launches) == n + 2
     assert list(drv.launches[-1]["grid"]) == prep.launch["grid"]
-    # the planner's choice is back in place
-    from fa4_aot import plan
-    assert plan.choose_kernel.__name__ == "choose_kernel"
+    assert not interface.prepared_calls()  # prepared outside the memo

@@ -3,8 +3,6 @@ numpy among its requirements; and the spill report of the installed artifacts st
 kernel, read from the manifest records and the cubins. ~5 s on 2 cores, offline."""
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,20 +17,18 @@ MAX_WHEEL_BYTES = 8 * 1000 * 1000
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     pytest.importorskip("setuptools")
-    src = tmp_path_factory.mktemp("src")
-    # A copy of what the wheel is built from (setuptools writes build/ and *.egg-info next to
-    # setup.py: not in the work tree); artifacts/ is linked, not copied.
-    shutil.copy2(ROOT / "setup.py", src / "setup.py")
-    shutil.copytree(ROOT / "fa4_aot", src / "fa4_aot",
-                    ignore=shutil.ignore_patterns("__pycache__", "_artifacts"))
-    os.symlink(ROOT / "artifacts", src / "artifacts")
-    dist = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps",
-                        "--no-build-isolation", "--no-index", "-q", "-w", str(dist)],
-                       cwd=src, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (whl,) = dist.glob("fa4_aot-*.whl")
-    return whl
+    from build_tools.figures import build_wheel
+    return build_wheel(tmp_path_factory.mktemp("dist"))
+
+
+def test_readme_states_the_wheels_size(wheel):
+    """README.md's figure (build_tools/figures.py writes it) within 0.1 MB of the real size."""
+    from build_tools.figures import README, region
+    said = region(README.read_text(), "wheel")
+    assert said and said.endswith(" MB"), "README.md has no figures:wheel part"
+    assert abs(float(said[:-3]) - wheel.stat().st_size / 1e6) <= 0.1, (
+        f"README.md says the wheel is {said}, it is {wheel.stat().st_size / 1e6:.2f} MB: run "
+        "`python build_tools/figures.py --write`")
 
 
 def test_wheel_ships_cubins_and_manifest_only(wheel):

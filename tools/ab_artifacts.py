@@ -17,12 +17,16 @@ SQ > 1) against SK keys in a shuffled paged cache (bench/bench_decode.py's paged
 or ``kv:B,SQ,SK,H,HK[,D]``: the same with contiguous (B, SK, HK, D) K/V (decode shapes; D
 128 unless given).
 
-A variant ``name=folder:CONST=value`` also sets launch rules of ``fa4_aot.plan`` while it
-runs (``wide=artifacts:LONG_KV_KEYS=0``: the shipped kernels under another launch rule).
+A variant ``name=folder:kernel=K`` forces a kernel on every call of its folder: K a planner
+form (a row family of ``fa4_aot.plan.KERNEL_CHOICE``: ``wide=artifacts:kernel=long_kv`` runs
+the shipped 160-key kernels whatever ``prefer_long_kv`` says) or a manifest kernel name. Each
+(shape, variant) is prepared once through ``fa4_aot.interface.prepare`` with the variant's
+manifest and kernel, and timed through ``PreparedCall.launch``: nothing of fa4_aot is patched.
 A variant folder may hold only the kernels it changes (built with
-``python -m tools.variants ... --only ...``, completed by ``python -m tools.fill_variant``); every call of a shape must find its kernel there. Outputs are
-compared bitwise against the first variant's. Prints median TFLOP/s per variant and the ratio
-to the first (with the spread over rounds).
+``python -m tools.variants ... --only ...``, completed by ``python -m tools.fill_variant``);
+every call of a shape must find its kernel there. Outputs are compared bitwise against the
+first variant's. Prints median TFLOP/s per variant and the ratio to the first (with the spread
+over rounds).
 """
 
 from __future__ import annotations
@@ -36,48 +40,29 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-import fa4_aot
-from fa4_aot import interface, manifest, plan, runtime
+from fa4_aot import interface, manifest
+from fa4_aot.validate import Args
 from bench.benchlib import doc_lens, round_order, visible_pairs
 from bench.bench_decode import paged_inputs
 
 
 class Variant:
-    """``name=folder`` or ``name=folder:CONST=value[,CONST=value]``: an artifacts folder, and
-    launch rules of ``fa4_aot.plan`` set while this variant runs (e.g.
-    ``wide=artifacts:LONG_KV_KEYS=0``: the same kernels, another launch rule)."""
-
-    defaults: dict = {}
-    active = None  # the variant entered last
+    """``name=folder`` or ``name=folder:kernel=K``: an artifacts folder, and a kernel (planner
+    form or manifest name) forced on its calls."""
 
     def __init__(self, name: str, spec: str):
-        root, _, consts = spec.partition(":")
+        root, _, opts = spec.partition(":")
         self.name, self.man = name, manifest.load_manifest(str(Path(root).resolve()))
-        self.modules, self.plans = {}, {}
-        self.consts = {}
-        for kv in filter(None, consts.split(",")):
+        self.kernel = None
+        for kv in filter(None, opts.split(",")):
             k, v = kv.split("=", 1)
-            Variant.defaults.setdefault(k, getattr(plan, k))
-            self.consts[k] = type(Variant.defaults[k])(float(v))
+            if k != "kernel":
+                raise SystemExit(f"variant {name}: unknown option {k!r} (kernel=FORM|NAME)")
+            self.kernel = v
 
-    @classmethod
-    def from_manifest(cls, name: str, man) -> "Variant":
-        """A variant of a manifest object already loaded (anything with ``kernels``, ``find``
-        and ``cubin_bytes``: build_tools/tune.py times candidate ptxas builds over the shipped
-        set), with the default launch rules."""
-        self = cls.__new__(cls)
-        self.name, self.man, self.modules, self.plans, self.consts = name, man, {}, {}, {}
-        return self
-
-    def enter(self):
-        """Point the runtime at this folder (its own kernel and plan caches; a fresh memo) and
-        set this variant's launch values (the others' back to their defaults)."""
-        runtime._modules, runtime._plans = self.modules, self.plans
-        interface.load_manifest = lambda root=None: self.man
-        for k, v in Variant.defaults.items():
-            setattr(plan, k, self.consts.get(k, v))
-        interface.clear_memo()
-        Variant.active = self
+    def prepare(self, a: Args):
+        """This variant's prepared call of ``a`` (run it with ``.launch(args)``)."""
+        return interface.prepare(a, manifest=self.man, kernel=self.kernel)
 
 
 def main(argv=None):
@@ -133,12 +118,14 @@ def main(argv=None):
                 kw = dict(window_size=(left, 0))
                 flops = 4 * b * h * d * visible_pairs(s, s, window=(left, 0))
                 label = f"{b}x{h}x{s}x{d} w({left},0)"
+        args = [Args(q=qs, k=ks, v=vs, causal=causal, **kw) for qs, ks, vs in sets]
+        calls = {v.name: v.prepare(args[0]) for v in variants}
         ref, times = None, {v.name: [] for v in variants}
         for r in range(a.rounds):
             for v in round_order(variants, r):
-                v.enter()
+                call = calls[v.name]
                 with torch.no_grad():
-                    out = fa4_aot.attention(*sets[0], causal=causal, **kw)
+                    out = call.launch(args[0])[0]
                     if ref is None:
                         ref = out
                     elif r == 0 and not torch.equal(out, ref):
@@ -147,7 +134,7 @@ def main(argv=None):
                     start, end = torch.cuda.Event(True), torch.cuda.Event(True)
                     start.record()
                     for i in range(a.iters):
-                        fa4_aot.attention(*sets[i % 2], causal=causal, **kw)
+                        call.launch(args[i % 2])
                     end.record()
                     torch.cuda.synchronize()
                 times[v.name].append(start.elapsed_time(end) / a.iters)

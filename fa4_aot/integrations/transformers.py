@@ -178,10 +178,12 @@ def _call(q, k, v, window_size=(-1, -1), **kw):
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                       scaling: float | None = None, sliding_window: int | None = None,
-                      softcap: float | None = None, is_causal: bool | None = None,
-                      s_aux=None, **kwargs):
+                      softcap: float | None = None, **kwargs):
     """transformers' attention-interface signature: query (batch, heads, Sq, d), key/value
-    (batch, heads_k, Sk, d) -> (attn_output (batch, Sq, heads, d), None)."""
+    (batch, heads_k, Sk, d) -> (attn_output (batch, Sq, heads, d), None). ``kwargs``: the
+    model's further keywords (``is_causal``, ``s_aux``, ``position_ids``, ``cu_seq_lens_q/k``,
+    ``max_length_q/k``)."""
+    is_causal, s_aux = kwargs.get("is_causal"), kwargs.get("s_aux")
     if dropout and dropout > 0 and module.training:
         raise _unsupported(f"attention dropout (p = {dropout}) in training",
                            "call model.eval() or set attention_dropout=0")
