@@ -22,8 +22,13 @@ def _fp8_enabled(monkeypatch):
     monkeypatch.setenv(FP8_ENV, "1")
 
 
-@pytest.mark.parametrize("case", sweep.cases(count=RANDOM_CASES),
-                         ids=lambda c: f"{c.family}-{c.index}")
-def test_sweep_case(case):
-    rec = sweep.run_case(case)
-    assert rec["ok"], f"{rec['error']}\n{rec['case']}\nkernels: {rec['kernels']}"
+@pytest.mark.parametrize("family", sweep.FAMILIES)
+def test_sweep_family(family):
+    """Every case of the family (RANDOM_CASES random ones; ``kernels``: one per kernel), each
+    synchronised and checked; the failures are listed together."""
+    failed = []
+    for case in sweep.cases((family,), count=RANDOM_CASES):
+        rec = sweep.run_case(case)
+        if not rec["ok"]:
+            failed.append(f"{rec['error']}\n    {rec['case']}\n    kernels: {rec['kernels']}")
+    assert not failed, f"{len(failed)} {family} cases failed:\n" + "\n".join(failed)
