@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -304,15 +305,7 @@ def make_call(c: Case, device="cuda"):
 
 def _offsets(lens, device):
     import torch
-    return torch.tensor([0] + _cumsum(lens), dtype=torch.int32, device=device)
-
-
-def _cumsum(xs):
-    out, t = [], 0
-    for x in xs:
-        t += x
-        out.append(t)
-    return out
+    return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
 
 
 def _dense_refs(q, k, v, descales, mask_kw):
@@ -322,20 +315,13 @@ def _dense_refs(q, k, v, descales, mask_kw):
     and no window or softcap also FA3's FP8 prefill emulated (P rounded to e4m3); the check
     takes the larger of their errors (docs/design.md#fp8)."""
     import torch
-    from .testing import attention_ref, dequantize, fp8_attention_ref
+    from .testing import attention_ref, fp8_references
     if descales is None:
         ref, lse = attention_ref(q, k, v, **mask_kw)
         return ref, [attention_ref(q, k, v, upcast=False, **mask_kw)[0]], lse
-    qd, kd, vd = descales
-    e4m3_q = q.dtype == torch.float8_e4m3fn
-    qf = dequantize(q, qd) if e4m3_q else q.float()
-    kf, vf = dequantize(k, kd), dequantize(v, vd)
-    ref, lse = attention_ref(qf, kf, vf, **mask_kw)
-    pts = [attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False,
-                         **mask_kw)[0]]
-    if e4m3_q and set(mask_kw) <= {"causal"} and k.shape[1] > 0:
-        pts.append(fp8_attention_ref(q, k, v, qd, kd, vd, **mask_kw)[0])
-    return ref, pts, lse
+    emulate = (q.dtype == torch.float8_e4m3fn and set(mask_kw) <= {"causal"}
+               and k.shape[1] > 0)
+    return fp8_references(q, k, v, descales, emulate, **mask_kw)
 
 
 def reference(c: Case, pieces):
@@ -344,8 +330,8 @@ def reference(c: Case, pieces):
     q, k, v, ds = pieces["q"], pieces["k"], pieces["v"], pieces["descales"]
     mask_kw = {n: x for n, x in (("causal", c.causal), ("window_size", c.window),
                                  ("softcap", c.softcap)) if x not in (False, (-1, -1), 0.0)}
-    rows = [0] + _cumsum(c.docs_q)
-    keys = [0] + _cumsum(c.docs_k)
+    rows = [0, *itertools.accumulate(c.docs_q)]
+    keys = [0, *itertools.accumulate(c.docs_k)]
     parts = []
     for i in range(c.b):
         if c.docs_q:

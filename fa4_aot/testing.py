@@ -81,6 +81,23 @@ def fp8_attention_ref(q8, k8, v8, q_descale, k_descale, v_descale, causal=False,
     return out.bfloat16(), (m + total.log()).squeeze(-1)
 
 
+def fp8_references(q, k8, v8, descales, emulate=False, **mask):
+    """(ref, [lower-precision outputs], lse ref) of an FP8 call by FA3's convention: ``ref``
+    the fp32 attention of the dequantized inputs (e4m3 * descale; a bf16 q as it is); the
+    lower-precision outputs the bf16 attention of the dequantized inputs and, with
+    ``emulate`` (FP8 prefill: e4m3 q, full or causal), FA3's FP8 forward emulated
+    (:func:`fp8_attention_ref`). Check with :func:`check_close_lower`."""
+    import torch
+    qd, kd, vd = descales
+    qf = dequantize(q, qd) if q.dtype == torch.float8_e4m3fn else q.float()
+    kf, vf = dequantize(k8, kd), dequantize(v8, vd)
+    ref, lse = attention_ref(qf, kf, vf, **mask)
+    pts = [attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False, **mask)[0]]
+    if emulate:
+        pts.append(fp8_attention_ref(q, k8, v8, qd, kd, vd, **mask)[0])
+    return ref, pts, lse
+
+
 def error_and_bound(out, ref, ref_pt):
     """``(max|out - ref|, max|out_pt - ref|, the FA rule's bound)`` (NaN in ``out`` gives a NaN
     error, which no bound passes)."""

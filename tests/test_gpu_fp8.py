@@ -11,8 +11,7 @@ torch = pytest.importorskip("torch")
 
 import fa4_aot  # noqa: E402
 from conftest import memo_plan  # noqa: E402
-from fa4_aot.testing import (attention_ref, check_close, check_close_lower,  # noqa: E402
-                             dequantize, fp8_attention_ref)
+from fa4_aot.testing import check_close, check_close_lower, fp8_references  # noqa: E402
 
 HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = pytest.mark.skipif(
@@ -42,11 +41,9 @@ def _case(b, sq, sk, h, hk, d, fp8_q, scale=(1.0, 1.0, 1.0), seed=0, fill=None):
 
 
 def _check(out, q_in, k8, v8, ds, fp8_q, **kw):
-    qd, kd, vd = ds
-    qf = dequantize(q_in, qd) if fp8_q else q_in.float()
-    kf, vf = dequantize(k8, kd), dequantize(v8, vd)
-    ref, _ = attention_ref(qf, kf, vf, **kw)
-    ref_pt, _ = attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False, **kw)
+    """The decode kernels' rule: out_pt is the bf16 attention of the dequantized inputs."""
+    assert fp8_q == (q_in.dtype == E4M3)
+    ref, (ref_pt,), _ = fp8_references(q_in, k8, v8, ds, **kw)
     check_close(out, ref, ref_pt)
 
 
@@ -112,12 +109,8 @@ def test_fp8_prefill_matches_the_fp8_rule(causal, b, s, h, hk, scale):
     out = fa4_aot.attention(q, k8, v8, causal=causal, q_descale=ds[0], k_descale=ds[1],
                             v_descale=ds[2])
     assert "_decode_" not in memo_plan().launches[0].name  # the FP8 prefill kernel ran
-    qf, kf, vf = dequantize(q, ds[0]), dequantize(k8, ds[1]), dequantize(v8, ds[2])
-    ref, _ = attention_ref(qf, kf, vf, causal=causal)
-    emulated, _ = fp8_attention_ref(q, k8, v8, *ds, causal=causal)
-    bf16, _ = attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False,
-                            causal=causal)
-    check_close_lower(out, ref, [emulated, bf16])
+    ref, pts, _ = fp8_references(q, k8, v8, ds, emulate=True, causal=causal)
+    check_close_lower(out, ref, pts)
 
 
 @pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
@@ -140,9 +133,5 @@ def test_fp8_zero_and_nonfinite_descales(prefill, which, value):
         assert not torch.isfinite(hit).any()
         return
     assert torch.isfinite(hit).all()
-    qf, kf, vf = dequantize(q, ds[0]), dequantize(k8, ds[1]), dequantize(v8, ds[2])
-    ref, _ = attention_ref(qf, kf, vf)
-    pts = [attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False)[0]]
-    if prefill:
-        pts.append(fp8_attention_ref(q, k8, v8, *ds)[0])
+    ref, pts, _ = fp8_references(q, k8, v8, ds, emulate=prefill)
     check_close_lower(out, ref, pts)
