@@ -181,6 +181,9 @@ FP8_CASES = [  # (label, batch, seqlen_q, seqlen_k, heads, kv_heads, page, e4m3 
     ("decode B1 sk128k 32/8", 1, 1, 131072, 32, 8, 0, False, True),
     ("prefill 2x16x8k :qkv", 2, 8192, 8192, 16, 16, 0, True, False),
     ("prefill 2x16x8k causal :qkv", 2, 8192, 8192, 16, 16, 0, True, True),
+    ("prefill 2x16x8k", 2, 8192, 8192, 16, 16, 0, False, False),
+    ("prefill 2x16x8k causal", 2, 8192, 8192, 16, 16, 0, False, True),
+    ("prefill 4x32/8x4k causal", 4, 4096, 4096, 32, 8, 0, False, True),
 ]
 
 

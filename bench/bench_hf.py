@@ -10,8 +10,8 @@ Decode: ``generate`` of ``--new`` tokens minus ``generate`` of one token (the sa
 setup), greedy, ``min_new_tokens`` = ``--new``: tokens/s = batch * (new - 1) / difference.
 ``static`` is transformers' static cache (``cache_implementation="static"``) without its
 automatic torch.compile, so that every backend runs eagerly. Each time is the median of
-``--repeats`` rounds; within a round the providers run one after another, in alternating
-order. ``--anatomy`` adds, per backend, what one decode step does (host syncs, launches, GPU
+``--repeats`` rounds after one untimed warm-up round; within a round the providers run one
+after another, in alternating order. ``--anatomy`` adds, per backend, what one decode step does (host syncs, launches, GPU
 kernel time; :func:`_anatomy`). ``--json`` merges the group ``hf`` (other groups kept;
 bench_decode.merge_json).
 """
@@ -38,12 +38,19 @@ def _seconds(fn):
     return time.perf_counter() - t
 
 
-def _round(model, ids, gen, new, warm_up, t, tokens, p, prompt):
+def _warm_up(model, ids, gen, new):
+    """Loads kernels, prepares launches and grows the allocator's pools: the same work as a
+    round, untimed (every provider warms up before any is timed)."""
+    import torch
+    with torch.inference_mode():
+        model(ids, use_cache=False)
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, **gen)
+
+
+def _round(model, ids, gen, new, t, tokens, p, prompt):
     """One provider's share of a round: prefill, generate 1 token, generate ``new`` tokens."""
     import torch
     with torch.inference_mode():
-        if warm_up:  # loads kernels, prepares the launches
-            model.generate(ids[:, :256], max_new_tokens=4, min_new_tokens=4, **gen)
         t["pre"].append(statistics.median(_seconds(lambda: model(ids, use_cache=False))
                                           for _ in range(3)))
         t["one"].append(_seconds(lambda: model.generate(ids, max_new_tokens=1, **gen)))
@@ -97,6 +104,13 @@ def main(argv=None):
                 gen.update(cache_implementation="static", disable_compile=True)
             times = {p: {"pre": [], "one": [], "all": []} for p in provs}
             tokens, failed = {}, set()
+            for p in provs:
+                model.set_attn_implementation(p)
+                try:
+                    _warm_up(model, ids, gen, a.new)
+                except Exception as e:  # noqa: BLE001 - a backend without this cache mode
+                    print(f"{p} {cache} b{b}: {type(e).__name__}: {e}"[:300])
+                    failed.add(p)
             for rnd in range(a.repeats):
                 for p in (provs if rnd % 2 == 0 else provs[::-1]):
                     if p in failed:
@@ -104,7 +118,7 @@ def main(argv=None):
                     model.set_attn_implementation(p)
                     t = times[p]
                     try:
-                        _round(model, ids, gen, a.new, rnd == 0, t, tokens, p, a.prompt)
+                        _round(model, ids, gen, a.new, t, tokens, p, a.prompt)
                     except Exception as e:  # noqa: BLE001 - a backend without this cache mode
                         print(f"{p} {cache} b{b}: {type(e).__name__}: {e}"[:300])
                         failed.add(p)

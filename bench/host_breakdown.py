@@ -1,5 +1,8 @@
 """Where the host time of one small fa4_aot call goes (GPU): the whole call, its parts timed
-alone, and a cProfile of the call. Prints a table; no file.
+alone, and a cProfile of the call; then a decode step whose K/V are one key longer than the
+last call's (a dynamic KV cache: new shapes and strides every call) against the same call
+repeated (a memo hit), with retargeting (fa4_aot.interface.FORM_POOL) and with every new length
+prepared in full. Prints tables; no file.
 
     python bench/host_breakdown.py [--n 20000]
 """
@@ -107,6 +110,45 @@ def main(argv=None):
     print(f"host breakdown, 1x128x1x64 bf16, {n} calls each (us per call, host clock, no sync)")
     for name, us in res:
         print(f"{name:<{w}}  {us:7.2f}")
+    calls = min(n, 2000)
+    hit, grown = length_change(calls)
+    pool = interface.FORM_POOL
+    interface.FORM_POOL = 1 << 30  # no retargeting: every new length prepared in full
+    try:
+        _, full = length_change(calls)
+    finally:
+        interface.FORM_POOL = pool
+    print(f"decode 1x1 q, 32/8 heads, hd128, K/V from 2048 keys (us per call, host clock)\n"
+          f"  memo hit (same call)                        {hit:7.2f}\n"
+          f"  K/V one key longer each call (retargeted)   {grown:7.2f}  ({grown / hit:.2f}x)\n"
+          f"  the same, each prepared in full             {full:7.2f}  ({full / hit:.2f}x)")
+
+
+def length_change(n: int):
+    """(memo hit, a call whose K/V grew by one key since the last call), us per call: a
+    transformers dynamic-cache decode step at batch 1 (q (1, 1, 32, 128); K/V (1, S, 8, 128)
+    views of fresh (1, 8, S, 128) tensors, so their strides change with S too)."""
+    import torch
+
+    import fa4_aot
+    h, hk, d, s0 = 32, 8, 128, 2048
+    q = torch.randn(1, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    flat = torch.randn(hk * (s0 + n + 1) * d, device="cuda", dtype=torch.bfloat16)
+    kv = [flat[:hk * s * d].view(1, hk, s, d).transpose(1, 2) for s in range(s0, s0 + n + 1)]
+    fa4_aot.attention(q, kv[0], kv[0], causal=True)
+    hit = per_call(lambda: fa4_aot.attention(q, kv[0], kv[0], causal=True), n)
+    it = iter(kv[1:])
+
+    def grown():
+        x = next(it)
+        fa4_aot.attention(q, x, x, causal=True)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        grown()
+    us = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return hit, us
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Device buffers of a prepared call besides its outputs and scratch: the work-stealing counter
-of its (device, stream), and V transposed for the FP8 prefill kernels."""
+of its (device, stream), and for the FP8 prefill kernels V transposed and a bf16 q quantized."""
 
 from __future__ import annotations
 
@@ -66,3 +66,26 @@ def transposed_v(v, rows: int):
         u = torch.cat([u, u.new_zeros(b, rows - sk, hk, d)], 1)
     u = u.reshape(b, rows // VT_GROUP, 2, 2, 4, 2, hk, d)  # keys as (group, h, a, t, c)
     return u.permute(0, 6, 7, 1, 2, 4, 3, 5).contiguous().view(b, hk, d, rows)
+
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def quantized_q(q, heads_k: int):
+    """A bf16 q (batch, seqlen, heads, d) for the FP8 prefill kernels: (q8, q_descale), q8 a
+    contiguous e4m3 tensor of q's shape and q_descale fp32 (batch, heads_k), q = q8 *
+    q_descale per KV head's group of query heads. The descale is the power of two that brings
+    the group's largest |q| to [224, 448] (e4m3 has the same relative precision in every
+    binade, and the bf16 product by a power of two is exact: q8 is q rounded once, to e4m3);
+    a group of zeros gets descale 0 and q8 = 0; a NaN or Inf in q gives a NaN or Inf descale
+    (the output is then NaN, as a bf16 call's would be). Two passes over q on the current stream
+    (one max, one scale-and-round), no host sync."""
+    b, s, h, d = q.shape
+    g = q.unflatten(2, (heads_k, h // heads_k))
+    amax = torch.linalg.vector_norm(g, float("inf"), dim=(1, 3, 4), dtype=torch.float32)
+    exp = torch.ceil(torch.log2(amax / E4M3_MAX))  # amax 0: -inf -> descale 0
+    descale = torch.exp2(exp)
+    inv = torch.where(amax > 0, torch.exp2(-exp), 0.0).to(q.dtype)
+    q8 = (g * inv[:, None, :, None, None]).to(torch.float8_e4m3fn,
+                                             memory_format=torch.contiguous_format)
+    return q8.view(b, s, h, d), descale

@@ -19,13 +19,14 @@ A call, in three parts:
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
 
 from . import plan as _planner
 from . import runtime, validate
-from .buffers import counter, transposed_v
+from .buffers import counter, quantized_q, transposed_v
 from .manifest import load_manifest
 from .plan import SCHED_COUNTER, DeviceInfo
 from .runtime import TensorView
@@ -54,6 +55,10 @@ COUNT_LAUNCHES_ENV = "FA4_AOT_COUNT_LAUNCHES"
 _launch_counts = ({} if os.environ.get(COUNT_LAUNCHES_ENV, "").strip() not in ("", "0")
                   else None)
 MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
+# Prepared calls per form (the memo key less the sequence lengths and strides of a dense call):
+# a call of a new length is first prepared in full, up to this many per form; after that the
+# least recently called one is retargeted to it (_prepare).
+FORM_POOL = 4
 LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch pool
 SCRATCH_ALIGN = 128  # bytes: where every view carved from the scratch pool starts
 
@@ -84,6 +89,7 @@ _window = validate.window
 class _ThreadState(threading.local):
     def __init__(self):
         self.memo = {}
+        self.forms = {}  # form key (_form_key) -> up to FORM_POOL prepared calls of the form
         self.pools = {}  # (device index, stream handle) -> fp32 scratch buffer (_carve)
         # True while torch.ops.fa4_aot.fwd runs (torch.compile; under CUDA-graph trees its
         # warm-up allocations go to the graph's pool): calls then keep no scratch buffer.
@@ -91,12 +97,14 @@ class _ThreadState(threading.local):
 
 
 _tls = _ThreadState()
+_calls = itertools.count(1)  # call stamps: the least recently called entry of a form
 
 
 def clear_memo():
     """Forget this thread's prepared calls and its scratch pools (tests; the memo is bounded by
     MEMO_SIZE anyway)."""
     _tls.memo.clear()
+    _tls.forms.clear()
     _tls.pools.clear()
 
 
@@ -137,14 +145,16 @@ def num_sms(device) -> int:
     return _sm_count[idx]
 
 
+def _device_info(device) -> DeviceInfo:
+    return DeviceInfo(_device_arch(device), num_sms(device))
+
+
 def plan_call(a: Args, manifest=None, kernel: str | None = None):
     """Validate ``a`` and plan it (:class:`fa4_aot.plan.LaunchPlan`) against ``manifest``
     (default: the installed one), ``kernel`` forced by manifest name or planner form if given
     (:func:`fa4_aot.plan.choose_kernel`): the seam for tools, nothing to patch."""
     spec = validate.call_spec(a, _DEVICE_TYPE)
-    device = a.q.device
-    return _planner.plan(spec, manifest or load_manifest(),
-                         DeviceInfo(_device_arch(device), num_sms(device)), kernel)
+    return _planner.plan(spec, manifest or load_manifest(), _device_info(a.q.device), kernel)
 
 
 def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "auto", *,
@@ -170,7 +180,8 @@ class PreparedCall:
 
     __slots__ = ("plan", "out_shape", "out_dtype", "lse_shape", "mode", "launchers", "varlen",
                  "total_q", "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
-                 "scratch_shapes", "pool_key", "pool", "pooled", "vt_rows", "inputs")
+                 "scratch_shapes", "pool_key", "pool", "pooled", "vt_rows", "q8_heads_k", "inputs",
+                 "key", "stamp")
 
     def _scratch(self, q, want_lse):
         """(lse or None, [oacc, lseacc] or None) of this call."""
@@ -249,6 +260,9 @@ class PreparedCall:
                 addrs[slot] = t.data_ptr()
         vt = transposed_v(a.v, self.vt_rows) if self.vt_rows else a.v  # alive until enqueued
         addrs[_V] = vt.data_ptr()
+        if self.q8_heads_k:
+            q8, qd = quantized_q(a.q, self.q8_heads_k)
+            addrs[_Q], addrs[_QD] = q8.data_ptr(), qd.data_ptr()
         self.check_offsets(a.cu_seqlens_q, a.cu_seqlens_k)
         out, lse = self.run(a.q, a.out, want_lse, addrs)
         return out, lse, addrs
@@ -265,9 +279,13 @@ def scratch_layout(shapes) -> tuple:
     return tuple(starts), at
 
 
-def _build(p, a: Args, stream, manifest) -> PreparedCall:
+def _build(p, a: Args, stream, manifest, e: PreparedCall | None = None) -> PreparedCall:
+    """The prepared call of plan ``p``; ``e``: a prepared call of the same kernels (another
+    call of the form) to retarget instead, its launchers taking the new parameters."""
     c, q, device = p.call, a.q, a.q.device
-    e = PreparedCall()
+    launchers_of = e.launchers if e is not None else None
+    e = e or PreparedCall()
+    e.key, e.stamp = None, 0
     e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
     e.out_dtype = validate.out_dtype(q)
     e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
@@ -283,12 +301,15 @@ def _build(p, a: Args, stream, manifest) -> PreparedCall:
     # any optional input (varlen, serving, trace, FP8 descales): which ones is fixed per key
     e.inputs = any(getattr(a, f) is not None for f in _ARG_OF_SLOT
                    if f not in (None, "q", "k", "v"))
-    views = {name: TensorView(view[0], view[1], t.element_size(), t.data_ptr(), f"{name}_ptr")
-             for name, view, t in (("q", c.q, q), ("k", c.k, a.k),
-                                   ("v", p.v_transposed or c.v, a.v))}
+    views = {name: TensorView(view[0], view[1], size, t.data_ptr(), f"{name}_ptr")
+             for name, view, t, size in (
+                 ("q", p.q_quantized or c.q, q, 1 if p.q_quantized else q.element_size()),
+                 ("k", c.k, a.k, a.k.element_size()),
+                 ("v", p.v_transposed or c.v, a.v, a.v.element_size()))}
     e.vt_rows = p.v_transposed[0][1] if p.v_transposed else 0
+    e.q8_heads_k = c.heads_k if p.q_quantized else 0
     launchers, launches = [], []
-    for kl in p.launches:
+    for i, kl in enumerate(p.launches):
         launch, values = kl.record["launch"], kl.values
         if values.get("sched_ptr") is SCHED_COUNTER:
             values = {**values, "sched_ptr": counter(device, stream).data_ptr()}
@@ -297,6 +318,10 @@ def _build(p, a: Args, stream, manifest) -> PreparedCall:
         kernel = runtime.get_kernel(device.index, kl.name, manifest.cubin_bytes(kl.name),
                                     kl.record)
         template = runtime.param_layout(kl.name, launch["params"]).template(values, views)
+        if launchers_of is not None:
+            launchers_of[i].retarget(template, kl.grid)
+            launchers.append(launchers_of[i])
+            continue
         launchers.append(runtime.Launcher(kernel, template, kl.grid, launch["block"],
                                           launch["dynamic_smem_bytes"], stream,
                                           launch.get("cluster")))
@@ -315,16 +340,64 @@ def prepare(a: Args, manifest=None, kernel: str | None = None, stream=None) -> P
     return _build(p, a, _raw_stream(a.q.device.index) if stream is None else stream, manifest)
 
 
+# Where the memo key (attention()) holds q/k/v's shapes and strides, out's key, cu_seqlens
+# (None: not varlen) and the serving tuple (its last entry: the page table's key).
+_KEY_Q, _KEY_OUT, _KEY_VARLEN, _KEY_SERVING = 0, 22, 21, 24
+
+
+def _form_key(key):
+    """The memo key of a dense call (not varlen, not paged) less the sequence lengths and
+    strides of q, k, v and out: the calls one prepared call can be retargeted between
+    (:func:`fa4_aot.validate.resized_spec` checks what depends on them). None otherwise."""
+    serving = key[_KEY_SERVING]
+    if key[_KEY_VARLEN] is not None or (serving is not None and serving[-1] is not None):
+        return None
+    (qs, _, ks, _, vs, _), out = key[_KEY_Q:_KEY_Q + 6], key[_KEY_OUT]
+    return ((qs[0], qs[2:], ks[0], ks[2:], vs[0], vs[2:]) + key[_KEY_Q + 6:_KEY_OUT]
+            + (None if out is None else out[2:],) + key[_KEY_OUT + 1:])
+
+
 def _prepare(a: Args, key, stream) -> PreparedCall:
-    """Memo miss: :func:`prepare`, then store the call under ``key`` (None when the fast path
-    could not form one: then the call is not memoized)."""
-    e = prepare(a, stream=stream)
-    if key is not None:
-        memo = _tls.memo
-        if len(memo) >= MEMO_SIZE:
-            del memo[next(iter(memo))]
-        memo[key] = e
+    """Memo miss: prepare the call and store it under ``key`` (None when the fast path could
+    not form one: then the call is not memoized). A dense call whose form (:func:`_form_key`)
+    already has FORM_POOL prepared calls runs the size-dependent checks and the plan only, and
+    retargets the least recently called one of them that launches the same kernels (dropping
+    the key it served; none: a new one replaces the least recently called): a call whose only
+    change is a sequence length (a decode step over a growing KV cache) makes no new launch
+    objects."""
+    if key is None:
+        return prepare(a, stream=stream)
+    memo, forms = _tls.memo, _tls.forms
+    fkey = _form_key(key)
+    pool = forms.get(fkey) if fkey is not None else None
+    if pool is not None and len(pool) >= FORM_POOL:
+        manifest = load_manifest()
+        p = _planner.plan(validate.resized_spec(pool[0].plan.call, a), manifest,
+                          _device_info(a.q.device))
+        names = [kl.name for kl in p.launches]
+        same = [x for x in pool if [kl.name for kl in x.plan.launches] == names]
+        old = min(same or pool, key=_stamp)
+        if same:
+            memo.pop(old.key, None)
+        e = _build(p, a, stream, manifest, old if same else None)
+        pool[pool.index(old)] = e
+    else:
+        e = prepare(a, stream=stream)
+        if fkey is not None:
+            if pool is None:
+                if len(forms) >= MEMO_SIZE:
+                    del forms[next(iter(forms))]
+                pool = forms[fkey] = []
+            pool.append(e)
+    if len(memo) >= MEMO_SIZE:
+        del memo[next(iter(memo))]
+    memo[key] = e
+    e.key, e.stamp = key, next(_calls)
     return e
+
+
+def _stamp(e: PreparedCall) -> int:
+    return e.stamp
 
 
 def _tkey(t):
@@ -368,9 +441,10 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     ``v_descale``, q in bfloat16, or in float8_e4m3fn with ``q_descale``; each descale fp32
     (batch, heads_k) (any strides: an expanded per-layer scalar too), the dequantized input
     being the e4m3 value times its descale. The output is bfloat16; head_dim 64, 128 or 256.
-    A dense e4m3 prefill (q, k and v e4m3, hd128, no window or softcap) runs FP8 wgmmas with V
-    transposed per call (:func:`transposed_v`); every other FP8 call (decode, paged, split-KV,
-    varlen, chunked prefill, a bf16 q) the FP8 decode kernels, which convert K/V to bf16."""
+    A dense FP8 prefill (hd128, no window or softcap) runs FP8 wgmmas with V transposed per call
+    (:func:`transposed_v`), a bf16 q quantized per call to e4m3 with a power-of-two descale per
+    KV head (:func:`fa4_aot.buffers.quantized_q`); every other FP8 call (decode, paged,
+    split-KV, varlen, chunked prefill) the FP8 decode kernels, which convert K/V to bf16."""
     e = key = stream = None
     compiling = _is_compiling()
     try:  # the memo key: what the launch depends on, less the addresses
@@ -403,6 +477,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                    None if q_descale is None and k_descale is None and v_descale is None
                    else (_tkey(q_descale), _tkey(k_descale), _tkey(v_descale)))
             e = _tls.memo.get(key)
+            if e is not None:
+                e.stamp = next(_calls)
     except Exception:  # noqa: BLE001 - whatever it is, the validation names it
         e = key = stream = None
     if e is None:  # a miss, or torch.compile tracing the call
@@ -421,6 +497,9 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if e.vt_rows:  # FP8 prefill: the kernel reads V transposed (kept alive until enqueued)
         vt = transposed_v(v, e.vt_rows)
         vp = vt.data_ptr()
+        if e.q8_heads_k:  # and a bf16 q quantized, with its descale
+            q8, q_descale = quantized_q(q, e.q8_heads_k)
+            qp = q8.data_ptr()
     if (qp | kp | vp) & 15 or (out is not None and out.data_ptr() & 15):
         validate.check_qkv(Args(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale,
                                 softcap=softcap, cu_seqlens_q=cu_seqlens_q,

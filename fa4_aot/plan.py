@@ -87,6 +87,9 @@ class LaunchPlan(NamedTuple):
     # FP8 prefill: the kernels read V transposed (fa4_aot.interface.transposed_v, keys rounded up
     # to VT_GROUP); (shape, element strides) of that tensor as the (b, s, h, d) view they see.
     v_transposed: tuple | None = None
+    # FP8 prefill of a bf16 q: the kernels read q quantized per call (fa4_aot.buffers.quantized_q:
+    # a contiguous e4m3 copy and its fp32 (batch, heads_k) q_descale); (shape, element strides).
+    q_quantized: tuple | None = None
 
 
 LAUNCH, NOTHING, ZERO_FILL = 0, 1, 2
@@ -218,8 +221,9 @@ def _fp8(c, dev, sched):
 
 
 def _fp8_prefill(c, dev, sched):
-    """e4m3 q, k, v; dense; not short queries; no window/softcap/splits"""
-    return (c.fp8 == "qkv" and not (c.paged or c.varlen or c.local or c.softcap > 0 or c.trace)
+    """e4m3 k, v (a bf16 q is quantized per call); dense; not short queries; no
+    window/softcap/splits"""
+    return (bool(c.fp8) and not (c.paged or c.varlen or c.local or c.softcap > 0 or c.trace)
             and (c.num_splits or 1) == 1
             and not use_decode_kernels(c.seqlen_q, c.heads // c.heads_k, None, sched))
 
@@ -329,12 +333,14 @@ def plain_tile(c: CallSpec, device: DeviceInfo):
     raise AssertionError("the last row always holds")
 
 
-def needed_capabilities(c: CallSpec) -> frozenset:
-    """The manifest capabilities (abi.CAPABILITIES) a call needs of its kernel."""
+def needed_capabilities(c: CallSpec, fp8: str | None = None) -> frozenset:
+    """The manifest capabilities (abi.CAPABILITIES) a call needs of its kernel; ``fp8``: the
+    FP8 mode the kernel sees, when the runtime changes the call's (a quantized q)."""
+    fp8 = c.fp8 if fp8 is None else fp8
     return frozenset(cap for cap, on in (
         ("varlen", c.varlen), ("window", c.local), ("seqused", c.seqused_q or c.seqused_k),
         ("paged", c.paged), ("split_kv", (c.num_splits or 1) > 1), ("softcap", c.softcap > 0),
-        ("trace", c.trace), ("fp8_" + c.fp8, bool(c.fp8))) if on)
+        ("trace", c.trace), ("fp8_" + fp8, bool(fp8))) if on)
 
 
 def _fields(row: Row, c: CallSpec, arch: str, sched: str) -> dict:
@@ -375,11 +381,12 @@ def choose_kernel(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None 
             continue
         fields = _fields(row, c, device.arch, sched)
         implied = frozenset(("pack_gqa",)) if row.kernel.get("decode") else frozenset()
-        found = _find(manifest, fields, needed | implied)
+        need = needed if fields["fp8"] == c.fp8 else needed_capabilities(c, fields["fp8"])
+        found = _find(manifest, fields, need | implied)
         if found is not None:
             return found
         if kernel is not None or not row.optional:
-            raise refusal(manifest, fields, needed, c.scheduler, implied)
+            raise refusal(manifest, fields, need, c.scheduler, implied)
     raise ValueError(f"kernel={kernel!r}: no row of that form applies to head_dim {c.head_dim}")
 
 
@@ -572,13 +579,19 @@ def plan(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None) -
         # decode K/V TMA box: a key block, or with pages the largest box dividing block and page
         "kv_box_rows": math.gcd(k_rows, tile_n) if c.paged else tile_n,
     }
-    v_transposed = None
-    if c.fp8:
-        values.update(_descale_values(c.descales))
+    v_transposed = q_quantized = None
+    descales = c.descales
     if c.fp8 and not decode:  # the FP8 prefill kernels read V transposed
         rows = -(-sk // VT_GROUP) * VT_GROUP
         values["vt_rows"] = rows
         v_transposed = ((b, rows, hk, d), (hk * d * rows, 1, d * rows, rows))
+        if c.fp8 == "kv":  # and an e4m3 q: a bf16 one is quantized per call, contiguous
+            q_quantized = (c.q[0], contiguous_strides(c.q[0]))
+            descales = (contiguous_strides((b, hk)),) + descales[1:]
+            values.update({"q_stride_s": q_quantized[1][1], "q_stride_h": q_quantized[1][2],
+                           "q_stride_b": q_quantized[1][0]})
+    if c.fp8:
+        values.update(_descale_values(descales))
     grid = (grid_size(launch["grid"], num_tiles, sms), 1, 1)
     launches = [KernelLaunch(name, rec, grid, values)]
     acc_shapes = ()
@@ -592,4 +605,4 @@ def plan(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None) -
         launches.append(KernelLaunch(cname, crec, cgrid, cvalues))
         acc_shapes = ((splits, acc_rows, h, d), (splits, acc_rows, h))
     return LaunchPlan(out_shape, lse_shape, LAUNCH, tuple(launches), acc_shapes, c,
-                      v_transposed)
+                      v_transposed, q_quantized)

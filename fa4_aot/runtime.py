@@ -142,8 +142,55 @@ def _layout_key(param):
             param["l2_promotion"], param["oob_fill"])
 
 
+_ENCODE_ARGS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+_encoder = None  # (ctypes function, enum values) of the driver's cuTensorMapEncodeTiled, or False
+
+
+def _raw_encoder():
+    """The driver's ``cuTensorMapEncodeTiled`` called through ctypes (its C signature:
+    CUtensorMap*, data type, rank, address, dims, strides, box, element strides, interleave,
+    swizzle, L2 promotion, OOB fill), with the enum values it takes; False where the driver
+    does not give its address (then cuda-python's binding encodes, several times slower: it
+    converts each argument to a Python object)."""
+    global _encoder
+    if _encoder is None:
+        _encoder = False
+        try:
+            drv = _driver()
+            res = drv.cuGetProcAddress(b"cuTensorMapEncodeTiled", 12000, 0)
+            pfn = int(res[1]) if not res[0] else 0
+        except Exception:  # noqa: BLE001 - no such entry point: the binding encodes
+            pfn = 0
+        if pfn:
+            enums = {}
+            for table, enum in ((_TMA_DTYPE, drv.CUtensorMapDataType),
+                                (_SWIZZLE, drv.CUtensorMapSwizzle),
+                                (_L2, drv.CUtensorMapL2promotion),
+                                (_OOB, drv.CUtensorMapFloatOOBfill)):
+                enums.update({k: int(getattr(enum, v)) for k, v in table.items()})
+            fn = ctypes.CFUNCTYPE(ctypes.c_int, *_ENCODE_ARGS)(pfn)
+            interleave = int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE)
+            _encoder = (fn, enums, interleave)
+    return _encoder
+
+
 def encode_tensormap(param: dict, dims: tuple, strides: tuple, address: int) -> bytes:
     """One ``cuTensorMapEncodeTiled``: the 128-byte image."""
+    raw = _raw_encoder()
+    if raw:
+        fn, enums, interleave = raw
+        n = len(dims)
+        out = (ctypes.c_uint64 * 16)()
+        err = fn(out, enums[param["dtype"]], n, address, (ctypes.c_uint64 * n)(*dims),
+                 (ctypes.c_uint64 * max(n - 1, 1))(*strides),
+                 (ctypes.c_uint32 * n)(*param["box"]), (ctypes.c_uint32 * n)(*[1] * n),
+                 interleave, enums[param["swizzle"]], enums[param["l2_promotion"]],
+                 enums[param["oob_fill"]])
+        if not err:
+            return bytes(out)
+        # an error: the binding encodes again and raises it with the driver's message
     drv = _driver()
     tmap = _check(drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, _TMA_DTYPE[param["dtype"]]),
@@ -405,6 +452,19 @@ class Launcher:
         self.params = ctypes.addressof(self.ptrs)
         self.cfg, self.func = _launch_config(kernel, grid, block, smem, stream_handle, cluster)
         self.launch = _driver().cuLaunchKernelEx
+        self.template = template
+
+    def retarget(self, template: Template, grid: tuple):
+        """Take the parameters of another call of the same kernel (``template``, of the same
+        parameter layout) and ``grid``: a prepared call retargeted to new sizes. The driver
+        copied the previous parameters at their launch: nothing in flight reads this buffer."""
+        if len(template.image) != len(self.template.image):
+            raise ValueError("retarget: a template of another parameter layout")
+        ctypes.memmove(self.buf, template.image, len(template.image))
+        self.patches = tuple((off // 8, SLOT[s]) for off, s in template.ptr_patches)
+        self.tmaps = tuple((off, p, dims, strides, SLOT[s])
+                           for off, p, dims, strides, s in template.tmap_patches)
+        self.cfg.gridDimX, self.cfg.gridDimY, self.cfg.gridDimZ = grid
         self.template = template
 
     def __call__(self, addresses):

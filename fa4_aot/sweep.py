@@ -308,25 +308,27 @@ def _offsets(lens, device):
     return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
 
 
-def _dense_refs(q, k, v, descales, mask_kw):
+def _dense_refs(q, k, v, descales, mask_kw, fp8_prefill=False):
     """(ref in fp32, [lower-precision outputs], lse ref) of one (1, s, h, d) batch entry.
     16-bit inputs: the same attention in the input dtype. FP8 (FA3's rule: the dequantized
-    inputs, e4m3 * descale): the bf16 attention of the dequantized inputs, and with an e4m3 q
-    and no window or softcap also FA3's FP8 prefill emulated (P rounded to e4m3); the check
-    takes the larger of their errors (docs/design.md#fp8)."""
+    inputs, e4m3 * descale): the bf16 attention of the dequantized inputs, and where the FP8
+    prefill kernel ran (``fp8_prefill``; no window or softcap) also FA3's FP8 prefill emulated
+    (P rounded to e4m3, a bf16 q quantized as the runtime does); the check takes the larger of
+    their errors (docs/design.md#fp8)."""
     import torch
     from .testing import attention_ref, fp8_references
     if descales is None:
         ref, lse = attention_ref(q, k, v, **mask_kw)
         return ref, [attention_ref(q, k, v, upcast=False, **mask_kw)[0]], lse
-    emulate = (q.dtype == torch.float8_e4m3fn and set(mask_kw) <= {"causal"}
+    emulate = ((q.dtype == torch.float8_e4m3fn or fp8_prefill) and set(mask_kw) <= {"causal"}
                and k.shape[1] > 0)
     return fp8_references(q, k, v, descales, emulate, **mask_kw)
 
 
-def reference(c: Case, pieces):
+def reference(c: Case, pieces, fp8_prefill=False):
     """[(where, ref, [lower-precision outputs], lse ref)] per batch entry or document;
-    ``where``: (entry,) of a batched output, (first row, end row) of a packed one."""
+    ``where``: (entry,) of a batched output, (first row, end row) of a packed one;
+    ``fp8_prefill``: the call ran the FP8 prefill kernel (:func:`_dense_refs`)."""
     q, k, v, ds = pieces["q"], pieces["k"], pieces["v"], pieces["descales"]
     mask_kw = {n: x for n, x in (("causal", c.causal), ("window_size", c.window),
                                  ("softcap", c.softcap)) if x not in (False, (-1, -1), 0.0)}
@@ -349,17 +351,18 @@ def reference(c: Case, pieces):
         else:
             ki, vi = k[i:i + 1], v[i:i + 1]
         dsi = None if ds is None else [x[i:i + 1] for x in ds]
-        parts.append((where,) + _dense_refs(qi, ki, vi, dsi, mask_kw))
+        parts.append((where,) + _dense_refs(qi, ki, vi, dsi, mask_kw, fp8_prefill))
     return parts
 
 
-def check(c: Case, result, pieces) -> str:
-    """'' when the output (and LSE) pass FlashAttention's rule, else what failed."""
+def check(c: Case, result, pieces, fp8_prefill=False) -> str:
+    """'' when the output (and LSE) pass FlashAttention's rule, else what failed
+    (``fp8_prefill``: :func:`reference`)."""
     import torch
     from .testing import check_close_lower
     out, lse = result if c.lse else (result, None)
     varlen = bool(c.docs_q)
-    for where, ref, pts, lse_ref in reference(c, pieces):
+    for where, ref, pts, lse_ref in reference(c, pieces, fp8_prefill):
         if varlen:
             a, b_ = where
             o = out[a:b_].unsqueeze(0)
@@ -399,8 +402,11 @@ def run_case(c: Case) -> dict:
     t0 = time.perf_counter()
     result = fa4_aot.attention(*args, **kw)
     torch.cuda.synchronize()
-    kernels = sorted({kl.name for p in interface.memo_plans() for kl in p.launches})
-    err = check(c, result, pieces)
+    plans = interface.memo_plans()
+    kernels = sorted({kl.name for p in plans for kl in p.launches})
+    fp8_prefill = any(kl.record["config"]["fp8"] and not kl.record["config"]["decode"]
+                      for p in plans for kl in p.launches)
+    err = check(c, result, pieces, fp8_prefill)
     return {"case": c.describe(), "family": c.family, "index": c.index,
             "ok": not err, "error": err, "kernels": kernels,
             "device": torch.cuda.get_device_name(),

@@ -85,8 +85,9 @@ def fp8_references(q, k8, v8, descales, emulate=False, **mask):
     """(ref, [lower-precision outputs], lse ref) of an FP8 call by FA3's convention: ``ref``
     the fp32 attention of the dequantized inputs (e4m3 * descale; a bf16 q as it is); the
     lower-precision outputs the bf16 attention of the dequantized inputs and, with
-    ``emulate`` (FP8 prefill: e4m3 q, full or causal), FA3's FP8 forward emulated
-    (:func:`fp8_attention_ref`). Check with :func:`check_close_lower`."""
+    ``emulate`` (the FP8 prefill kernels: full or causal), FA3's FP8 forward emulated
+    (:func:`fp8_attention_ref`) on e4m3 q, or on a bf16 q quantized as the runtime quantizes
+    it (:func:`fa4_aot.buffers.quantized_q`). Check with :func:`check_close_lower`."""
     import torch
     qd, kd, vd = descales
     qf = dequantize(q, qd) if q.dtype == torch.float8_e4m3fn else q.float()
@@ -94,6 +95,9 @@ def fp8_references(q, k8, v8, descales, emulate=False, **mask):
     ref, lse = attention_ref(qf, kf, vf, **mask)
     pts = [attention_ref(qf.bfloat16(), kf.bfloat16(), vf.bfloat16(), upcast=False, **mask)[0]]
     if emulate:
+        if q.dtype != torch.float8_e4m3fn:
+            from .buffers import quantized_q
+            q, qd = quantized_q(q, k8.shape[2])
         pts.append(fp8_attention_ref(q, k8, v8, qd, kd, vd, **mask)[0])
     return ref, pts, lse
 

@@ -104,6 +104,13 @@ def check_tensor(name, t, rank=4, layout="(batch, seqlen, heads, head_dim)"):
     if t.dtype not in dtype_names() and t.dtype != torch.float8_e4m3fn:
         raise TypeError(f"{name} must be bfloat16 or float16 (or float8_e4m3fn with "
                         f"descales), got {t.dtype}")
+    check_strides(name, t)
+    if not torch.compiler.is_compiling() and t.data_ptr() % 16:  # no pointer while tracing
+        raise ValueError(f"{name} data pointer must be 16-byte aligned")
+
+
+def check_strides(name, t):
+    """A contiguous last dim and 16-byte aligned strides (TMA's rule)."""
     if t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (head_dim); "
                          f"got stride {t.stride(-1)}")
@@ -111,8 +118,6 @@ def check_tensor(name, t, rank=4, layout="(batch, seqlen, heads, head_dim)"):
         if t.shape[ax] > 1 and (t.stride(ax) * t.element_size()) % 16:
             raise ValueError(f"{name}.stride({ax}) = {t.stride(ax)} elements is not a multiple of "
                              f"16 bytes (TMA needs 16-byte aligned strides)")
-    if not torch.compiler.is_compiling() and t.data_ptr() % 16:  # no pointer while tracing
-        raise ValueError(f"{name} data pointer must be 16-byte aligned")
 
 
 def check_qkv(a: Args):
@@ -134,8 +139,7 @@ def check_qkv(a: Args):
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on the same device; got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    check_kv_shapes(k, v)
     h, d = q.shape[-2:]
     hk, dk = k.shape[-2:]
     if not a.varlen and not paged and k.shape[0] != q.shape[0]:
@@ -155,6 +159,11 @@ def check_qkv(a: Args):
     if (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
             or not math.isfinite(softcap) or softcap < 0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 = no capping), got {softcap!r}")
+
+
+def check_kv_shapes(k, v):
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
 
 
 def check_cu_seqlens(name, cu, device=None):
@@ -368,11 +377,7 @@ def call_spec(a: Args, device_type: str = "cuda") -> CallSpec:
         k4, v4 = k, v
         sk = table.shape[1] * k.shape[1]
     h, d = q.shape[-2:]
-    if a.out is not None:
-        o4 = a.out.unsqueeze(0) if a.varlen else a.out
-        out_view = (tuple(o4.shape), o4.stride())
-    else:
-        out_view = (tuple(q4.shape), contiguous_strides(tuple(q4.shape)))
+    out_view = _out_view(a.out.unsqueeze(0) if a.varlen and a.out is not None else a.out, q4)
     scale = a.softmax_scale
     descales = tuple(None if t is None else t.stride()
                      for t in (a.q_descale, a.k_descale, a.v_descale))
@@ -390,3 +395,26 @@ def call_spec(a: Args, device_type: str = "cuda") -> CallSpec:
         page_table=(tuple(table.shape), table.stride()) if table is not None else None,
         fp8=("qkv" if is_fp8(q) else "kv") if is_fp8(k) else "",
         descales=descales if is_fp8(k) else ())
+
+
+def _out_view(out4, q4) -> tuple:
+    """(shape, strides) of the output the kernels write: ``out4`` as given, or a contiguous
+    tensor of q's (4-D) shape."""
+    if out4 is not None:
+        return tuple(out4.shape), out4.stride()
+    return tuple(q4.shape), contiguous_strides(tuple(q4.shape))
+
+
+def resized_spec(c: CallSpec, a: Args) -> CallSpec:
+    """The CallSpec of a dense call (no varlen, no paging) whose memo key differs from that of
+    ``c``'s call only in the sequence lengths and strides of q, k, v and out
+    (``fa4_aot.interface``'s form key): the checks that depend on those (every other one
+    holds for the form), then ``c`` with the new views and lengths."""
+    q, k, v = a.q, a.k, a.v
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_strides(name, t)
+    check_kv_shapes(k, v)
+    check_out(a.out, q)
+    return c._replace(q=(tuple(q.shape), q.stride()), k=(tuple(k.shape), k.stride()),
+                      v=(tuple(v.shape), v.stride()), out=_out_view(a.out, q),
+                      seqlen_q=q.shape[1], seqlen_k=k.shape[1])

@@ -255,7 +255,8 @@ def test_fp8_prefill_call(monkeypatch):
 @pytest.mark.parametrize("kw,form", [
     (dict(), "prefill"),
     (dict(q_len=4), "decode"),                   # short queries: the decode kernels
-    (dict(q_bf16=True), "decode"),               # a bf16 q: the decode kernels convert K/V
+    (dict(q_bf16=True), "prefill"),              # a bf16 q: quantized per call
+    (dict(q_bf16=True, q_len=4), "decode"),
     (dict(window_size=(100, 0)), "decode"),      # no FP8 prefill window kernel
     (dict(num_splits=2), "decode"),
 ])
@@ -271,3 +272,59 @@ def test_fp8_routing(monkeypatch, kw, form):
                           v_descale=torch.ones(b, hk), **kw)
     name = memo_plan().launches[0].name
     assert ("_decode_" in name) == (form == "decode") and "e4m3" in name
+
+
+def test_fp8_prefill_of_a_bf16_q_quantizes_it(monkeypatch):
+    """A bf16 q against an e4m3 KV cache (the serving prefill) runs the FP8 prefill kernel on q
+    quantized per call: the launch reads a contiguous e4m3 copy through its q descriptor (one
+    byte per element) and the copy's (batch, heads_k) descale."""
+    drv = fakecuda.install(monkeypatch)
+    b, s, h, hk, d = 2, 600, 8, 2, 128
+    q = torch.randn(b, h, s, d).bfloat16().transpose(1, 2)  # a head-major view, as HF gives
+    k = torch.randn(b, s, hk, d).to(E4M3)
+    ones = torch.ones(b, hk)
+    seen = []
+    real = fa4_aot.interface.quantized_q
+
+    def spy(x, heads_k):
+        seen.append(real(x, heads_k))
+        return seen[-1]
+    monkeypatch.setattr(fa4_aot.interface, "quantized_q", spy)
+    with torch.no_grad():
+        out = fa4_aot.attention(q, k, k, causal=True, k_descale=ones, v_descale=ones)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    plan = memo_plan()
+    (main,) = plan.launches
+    assert main.name.endswith("_e4m3qkv") and not main.record["config"]["decode"]
+    assert plan.q_quantized == ((b, s, h, d), (s * h * d, h * d, d, 1))
+    v = main.values
+    assert (v["q_stride_b"], v["q_stride_s"], v["q_stride_h"]) == (s * h * d, h * d, d)
+    assert (v["q_descale_stride_b"], v["q_descale_stride_h"]) == (hk, 1)
+    (q8, qd), = seen
+    launch = drv.launches[0]
+    names = [p["name"] for p in main.record["launch"]["params"]]
+    got = struct.unpack_from("<Q", launch["buffer"], launch["offsets"][names.index("q_descale")])
+    assert got[0] == qd.data_ptr() and q8.dtype == E4M3 and q8.is_contiguous()
+    tma_q = launch["offsets"][names.index("tma_q")]
+    assert struct.unpack_from("<Q", launch["buffer"], tma_q + 24)[0] == q8.data_ptr()
+
+
+def test_quantized_q():
+    from fa4_aot.buffers import quantized_q
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 37, 8, 64, generator=g).bfloat16() * 3
+    q[1, :, 4:] = 0  # batch 1's second KV head group: all zeros
+    q[0, :, :4] *= 1e-5  # a tiny group (subnormal in e4m3 without a scale)
+    q8, ds = quantized_q(q.transpose(1, 2).contiguous().transpose(1, 2), 2)
+    assert q8.shape == q.shape and q8.is_contiguous() and ds.shape == (2, 2)
+    assert ds[1, 1] == 0 and not q8[1, :, 4:].float().any()
+    nz = ds[ds > 0]
+    assert torch.equal(torch.exp2(torch.log2(nz).round()), nz)  # powers of two
+    peak = q8.float().unflatten(2, (2, 4)).abs().amax(dim=(1, 3, 4))
+    assert ((peak[ds > 0] >= 224) & (peak[ds > 0] <= 448)).all()
+    deq = (q8.float().unflatten(2, (2, 4)) * ds[:, None, :, None, None]).flatten(2, 3)
+    # one e4m3 rounding of each element: relative error <= 2^-4 of the element
+    assert ((deq - q.float()).abs() <= q.float().abs() / 16 + 1e-30).all()
+    bad = q.clone()
+    bad[0, 3, 1, 5] = float("nan")
+    assert torch.isnan(quantized_q(bad, 2)[1][0, 0])

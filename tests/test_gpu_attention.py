@@ -515,6 +515,33 @@ def test_tma_descriptor_address_field_on_the_driver():
     assert field == off and image == patched
 
 
+def test_raw_descriptor_encoder_matches_the_binding(monkeypatch):
+    """The runtime encodes descriptors through the driver's cuTensorMapEncodeTiled by ctypes;
+    every descriptor of a few kernels' layouts (bf16 and e4m3, swizzles, boxes) is byte for
+    byte what cuda-python's binding encodes."""
+    from fa4_aot import runtime
+    from fa4_aot.manifest import load_manifest
+    assert runtime._raw_encoder(), "the driver gave no address for cuTensorMapEncodeTiled"
+    man = load_manifest()
+    names = [n for n, r in man.kernels.items() if r["config"].get("kind", "fwd") == "fwd"
+             and r["config"]["arch"] == "sm_90a"][::17]
+    t = torch.empty(3, 777, 8, 128, device="cuda", dtype=torch.bfloat16)
+    checked = 0
+    for name in names:
+        for p in man.kernels[name]["launch"]["params"]:
+            if p["kind"] != "tensormap":
+                continue
+            p = {**p, "box": [x if isinstance(x, int) else 64 for x in p["box"]]}
+            elem = 1 if p["dtype"] == "e4m3" else 2
+            dims, strides = runtime.tma_view(p, t.shape, t.stride(), elem)
+            raw = runtime.encode_tensormap(p, dims, strides, t.data_ptr())
+            monkeypatch.setattr(runtime, "_encoder", False)
+            assert raw == runtime.encode_tensormap(p, dims, strides, t.data_ptr()), (name, p)
+            monkeypatch.undo()
+            checked += 1
+    assert checked >= 10
+
+
 def test_patched_descriptors_follow_the_tensors():
     """Many calls of one shape, each on freshly allocated (differently placed) tensors: every
     output matches the reference for its own inputs (a stale descriptor address would read

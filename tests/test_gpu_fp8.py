@@ -99,12 +99,16 @@ def test_fp8_paged_split_and_expanded_descales():
                causal=True)
 
 
+@pytest.mark.parametrize("fp8_q", [True, False], ids=["e4m3_q", "bf16_q"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b,s,h,hk", [(2, 1000, 8, 8), (1, 4096, 16, 4), (3, 333, 4, 1)])
 @pytest.mark.parametrize("scale", [1.0, 1e-4, 1e-3, 1e3, 1e4])
-def test_fp8_prefill_matches_the_fp8_rule(causal, b, s, h, hk, scale):
-    """The FP8 prefill kernels (dense e4m3 q, k, v; FP8 wgmmas, P in e4m3)."""
-    q, k8, v8, ds = _case(b, s, s, h, hk, 128, True, scale=(scale,) * 3, seed=s + h)
+def test_fp8_prefill_matches_the_fp8_rule(causal, b, s, h, hk, scale, fp8_q):
+    """The FP8 prefill kernels (dense e4m3 k, v and e4m3 q, or a bf16 q quantized per call;
+    FP8 wgmmas, P in e4m3)."""
+    q, k8, v8, ds = _case(b, s, s, h, hk, 128, fp8_q, scale=(scale,) * 3, seed=s + h)
+    if not fp8_q:
+        q, ds[0] = q * scale, None
     fa4_aot.interface.clear_memo()
     out = fa4_aot.attention(q, k8, v8, causal=causal, q_descale=ds[0], k_descale=ds[1],
                             v_descale=ds[2])

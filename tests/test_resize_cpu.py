@@ -1,0 +1,98 @@
+"""Calls whose only change from a prepared one is a sequence length (a decode step over a
+growing KV cache, prompts of new lengths): after FORM_POOL prepared calls of a form,
+``fa4_aot.interface`` retargets the least recently called one in place. On the CPU with a fake
+driver (tests/fakecuda.py): every retargeted launch is byte for byte the launch a call prepared
+from scratch makes, the size checks still name the argument, and calls alternating between
+prepared lengths stay memo hits."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import fa4_aot  # noqa: E402
+import fakecuda  # noqa: E402
+from fa4_aot import interface  # noqa: E402
+from fa4_aot.validate import Args  # noqa: E402
+
+H, HK, D = 8, 2, 128
+
+
+def _kv(flat, n):
+    """(1, n, HK, D) K/V views of a fresh (1, HK, n, D) tensor (a dynamic cache: strides
+    change with n)."""
+    return flat[:HK * n * D].view(1, HK, n, D).transpose(1, 2)
+
+
+def _state(e):
+    """What a prepared call launches with: per launcher the parameter buffer as it stands
+    (addresses of q/k/v in place), the per-call patches, grid, block and shared memory; and
+    what it allocates."""
+    return ([(bytes(x.buf), x.template.ptr_patches, x.template.tmap_patches,
+              (x.cfg.gridDimX, x.cfg.gridDimY, x.cfg.gridDimZ),
+              (x.cfg.blockDimX, x.cfg.blockDimY, x.cfg.blockDimZ), x.cfg.sharedMemBytes)
+             for x in e.launchers],
+            [kl.name for kl in e.plan.launches], e.out_shape, e.lse_shape, e.acc_shapes,
+            e.scratch_shapes, e.keep_lse, e.out_like_q, e.vt_rows, e.q8_heads_k, e.mode)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3kv"])
+def test_retargeted_launches_are_the_fresh_ones(monkeypatch, fp8):
+    drv = fakecuda.install(monkeypatch)
+    monkeypatch.setenv("FA4_AOT_EXPERIMENTAL_FP8", "1")
+    flat = torch.randn(HK * 5000 * D)
+    flat = flat.to(torch.float8_e4m3fn) if fp8 else flat.bfloat16()
+    extra = dict(k_descale=torch.ones(1, HK), v_descale=torch.ones(1, HK)) if fp8 else {}
+    q1 = torch.randn(1, 1, H, D).bfloat16()
+    # decode steps (every one a new length), then prompts of new lengths (new kernels:
+    # the prefill ones, with split-KV and without), then decode again
+    steps = ([(q1, n) for n in range(300, 310)]
+             + [(torch.randn(1, n, H, D).bfloat16(), n) for n in (700, 1500, 129, 4000)]
+             + [(q1, n) for n in (4001, 4002, 64)])
+    retargets = []
+    real = interface.runtime.Launcher.retarget
+    monkeypatch.setattr(interface.runtime.Launcher, "retarget",
+                        lambda self, *a: retargets.append(1) or real(self, *a))
+    for q, n in steps:
+        k = _kv(flat, n)
+        fa4_aot.attention(q, k, k, causal=True, **extra)
+        e = interface.prepared_calls()[-1]  # the call's entry: the newest in the memo
+        fresh = interface.prepare(Args(q=q, k=k, v=k, causal=True, **extra))
+        assert _state(e)[1:] == _state(fresh)[1:], (q.shape, n)
+        assert [s[1:] for s in _state(e)[0]] == [s[1:] for s in _state(fresh)[0]]
+        assert [x.template.image for x in e.launchers] == [
+            x.template.image for x in fresh.launchers], (q.shape, n)
+    assert len(retargets) >= 10
+
+
+def test_alternating_lengths_stay_memo_hits(monkeypatch):
+    drv = fakecuda.install(monkeypatch)
+    flat = torch.randn(HK * 3000 * D).bfloat16()
+    q = torch.randn(1, 1, H, D).bfloat16()
+    lengths = [1000, 2000, 1001, 2001, 1002, 2002]  # e.g. local and global layers
+    for n in lengths:
+        fa4_aot.attention(q, _kv(flat, n), _kv(flat, n), causal=True)
+    builds = []
+    real = interface._build
+    monkeypatch.setattr(interface, "_build", lambda *a: builds.append(1) or real(*a))
+    before = len(drv.launches)
+    for _ in range(3):
+        for n in lengths[-2:]:  # the two latest lengths, called again and again
+            k = _kv(flat, n)
+            fa4_aot.attention(q, k, k, causal=True)
+    assert not builds and len(drv.launches) > before
+
+
+def test_resized_calls_are_still_checked(monkeypatch):
+    fakecuda.install(monkeypatch)
+    flat = torch.randn(HK * 3000 * D).bfloat16()
+    q = torch.randn(1, 1, H, D).bfloat16()
+    for n in range(100, 100 + interface.FORM_POOL + 1):
+        fa4_aot.attention(q, _kv(flat, n), _kv(flat, n), causal=True)
+    # a head stride of 105 * 128 + 4 elements: not 16-byte aligned
+    bad = torch.randn(1, HK, 105 * D + 4).bfloat16()[:, :, :105 * D].view(1, HK, 105, D)
+    with pytest.raises(ValueError, match=r"k.stride\(2\)"):
+        fa4_aot.attention(q, bad.transpose(1, 2), _kv(flat, 105), causal=True)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        fa4_aot.attention(q, _kv(flat, 106), _kv(flat, 107), causal=True)
+    with pytest.raises(ValueError, match="out must be"):
+        fa4_aot.attention(q, _kv(flat, 108), _kv(flat, 108), causal=True,
+                          out=torch.empty(1, 2, H, D).bfloat16())
