@@ -1,8 +1,8 @@
 """Where the host time of one small fa4_aot call goes (GPU): the whole call, its parts timed
 alone, and a cProfile of the call; then a decode step whose K/V are one key longer than the
 last call's (a dynamic KV cache: new shapes and strides every call) against the same call
-repeated (a memo hit), with retargeting (fa4_aot.interface.FORM_POOL) and with every new length
-prepared in full. Prints tables; no file.
+repeated (a memo hit), with retargeting (docs/design.md#the-runtime-and-the-host-path) and with
+every new length prepared in full. Prints tables; no file.
 
     python bench/host_breakdown.py [--n 20000]
 """
@@ -112,12 +112,12 @@ def main(argv=None):
         print(f"{name:<{w}}  {us:7.2f}")
     calls = min(n, 2000)
     hit, grown = length_change(calls)
-    pool = interface.FORM_POOL
-    interface.FORM_POOL = 1 << 30  # no retargeting: every new length prepared in full
+    form_key = interface._form_key
+    interface._form_key = lambda key: None  # no forms: every new length prepared in full
     try:
         _, full = length_change(calls)
     finally:
-        interface.FORM_POOL = pool
+        interface._form_key = form_key
     print(f"decode 1x1 q, 32/8 heads, hd128, K/V from 2048 keys (us per call, host clock)\n"
           f"  memo hit (same call)                        {hit:7.2f}\n"
           f"  K/V one key longer each call (retargeted)   {grown:7.2f}  ({grown / hit:.2f}x)\n"

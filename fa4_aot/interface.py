@@ -7,9 +7,10 @@ A call, in three parts:
   arguments, and the current stream. Each thread keeps a memo from key to a prepared call.
 * **A memo miss** (:func:`_prepare`): :func:`fa4_aot.validate.call_spec` (every check, each
   error naming the argument), then :func:`fa4_aot.plan.plan` (the kernels, grids and launch
-  values), then the launch objects of ``fa4_aot.runtime`` (parameter buffers with every
-  constant and TMA descriptor in place).
-* **Every call** (:meth:`PreparedCall.run`): the checks a key cannot carry (16-byte aligned
+  values), then :func:`fa4_aot.prepared.build` (the launch objects of ``fa4_aot.runtime``:
+  parameter buffers with every constant and TMA descriptor in place). A dense call of a new
+  sequence length may instead retarget a prepared call of its form (:func:`_prepare`).
+* **Every call** (:meth:`fa4_aot.prepared.PreparedCall.run`): the checks a key cannot carry (16-byte aligned
   data pointers, forward-only), the output and LSE allocation, the call's address record (one
   list of :data:`fa4_aot.runtime.ADDRESSES`, filled by name) written into the parameter
   buffers, ``cuLaunchKernelEx``. No device->host copy, no synchronisation: varlen
@@ -20,16 +21,14 @@ A call, in three parts:
 from __future__ import annotations
 
 import itertools
-import math
-import os
-import threading
 
 from . import plan as _planner
-from . import runtime, validate
-from .buffers import counter, quantized_q, transposed_v
+from . import prepared, validate
+from .buffers import quantized_q, transposed_v
 from .manifest import load_manifest
-from .plan import SCHED_COUNTER, DeviceInfo
-from .runtime import TensorView
+from .plan import DeviceInfo
+from .prepared import (_CU_K, _CU_Q, _K, _NO_ADDRESSES, _Q, _QD, _TABLE, _TRACE, _USED_K,
+                       _USED_Q, _V, _VD, _KD, PreparedCall, _tls, build, launch_counts)
 from .validate import Args, OpSizes, OpTensors, check_varlen, forward_only
 
 try:
@@ -45,58 +44,21 @@ _sm_count: dict = {}
 
 _NO_WINDOW = (-1, -1)  # the default window_size (identity-checked on the fast path)
 _NO_DESCALES = (None, None, None)
-# FA4_AOT_CHECK_VARLEN=1: check_varlen() on every varlen call (a device->host copy and a sync
-# each); read when fa4_aot is imported, set_check_varlen() changes it at run time.
-CHECK_VARLEN_ENV = "FA4_AOT_CHECK_VARLEN"
-_check_varlen_always = os.environ.get(CHECK_VARLEN_ENV, "").strip() not in ("", "0")
-# FA4_AOT_COUNT_LAUNCHES=1 (the GPU test suite sets it): count every kernel launch by manifest
-# name (launch_counts()), so that a test can name the kernels no test reached.
-COUNT_LAUNCHES_ENV = "FA4_AOT_COUNT_LAUNCHES"
-_launch_counts = ({} if os.environ.get(COUNT_LAUNCHES_ENV, "").strip() not in ("", "0")
-                  else None)
 MEMO_SIZE = 512  # prepared calls per thread (oldest dropped first)
 # Prepared calls per form (the memo key less the sequence lengths and strides of a dense call):
 # a call of a new length is first prepared in full, up to this many per form; after that the
 # least recently called one is retargeted to it (_prepare).
 FORM_POOL = 4
-LSE_SCRATCH_BYTES = 64 * 1024  # largest unwanted LSE taken from the scratch pool
-SCRATCH_ALIGN = 128  # bytes: where every view carved from the scratch pool starts
-
-# A call's address record: runtime.ADDRESSES (the launch ABI's per-call pointers), by name.
-_SLOT, _NO_ADDRESSES = runtime.SLOT, [0] * len(runtime.ADDRESSES)  # copied per call
-_Q, _K, _V, _O, _LSE, _OACC, _LSEACC, _TRACE = (_SLOT[name] for name in (
-    "q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "oacc_ptr", "lseacc_ptr", "trace_ptr"))
-_CU_Q, _CU_K, _USED_Q, _USED_K, _TABLE, _QD, _KD, _VD = (_SLOT[name] for name in (
-    "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "page_table", "q_descale",
-    "k_descale", "v_descale"))
-# The Args field whose address fills each slot (Args names the inputs as the ABI does, less
-# the "_ptr" of q/k/v/trace; the outputs and scratch are no fields: run() fills them).
-_ARG_OF_SLOT = tuple(name.removesuffix("_ptr") if name.removesuffix("_ptr") in Args._fields
-                     else None for name in runtime.ADDRESSES)
 
 if torch is not None:
-    _float32 = torch.float32
     _grad_enabled = torch.is_grad_enabled
     _is_compiling = torch.compiler.is_compiling
-    _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (
-        torch.cuda.is_current_stream_capturing)
     _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
         lambda index: torch.cuda.current_stream(index).cuda_stream)
 _DEVICE_TYPE = "cuda"  # the device type the fast path accepts (tests swap in "cpu")
 _window = validate.window
 
 
-class _ThreadState(threading.local):
-    def __init__(self):
-        self.memo = {}
-        self.forms = {}  # form key (_form_key) -> up to FORM_POOL prepared calls of the form
-        self.pools = {}  # (device index, stream handle) -> fp32 scratch buffer (_carve)
-        # True while torch.ops.fa4_aot.fwd runs (torch.compile; under CUDA-graph trees its
-        # warm-up allocations go to the graph's pool): calls then keep no scratch buffer.
-        self.in_op = False
-
-
-_tls = _ThreadState()
 _calls = itertools.count(1)  # call stamps: the least recently called entry of a form
 
 
@@ -120,18 +82,10 @@ def memo_plans() -> tuple:
     return tuple(e.plan for e in _tls.memo.values())
 
 
-def launch_counts():
-    """{manifest kernel name: launches} of this process since import, or None unless
-    ``FA4_AOT_COUNT_LAUNCHES=1`` was set when fa4_aot was imported (the GPU test suite's
-    kernel-coverage check)."""
-    return None if _launch_counts is None else dict(_launch_counts)
-
-
 def set_check_varlen(enabled: bool):
     """Run :func:`check_varlen` on every varlen call (True) or never (False); the default
-    comes from ``FA4_AOT_CHECK_VARLEN``."""
-    global _check_varlen_always
-    _check_varlen_always = bool(enabled)
+    comes from ``FA4_AOT_CHECK_VARLEN`` (:data:`fa4_aot.prepared.CHECK_VARLEN_ENV`)."""
+    prepared.check_varlen_always = bool(enabled)
 
 
 def _device_arch(device) -> str:
@@ -167,169 +121,6 @@ def select_kernel(device, dtype, head_dim: int, causal: bool, scheduler: str = "
                                   kernel="plain")
 
 
-class PreparedCall:
-    """A prepared call (one memo entry of one thread, or :func:`prepare`'s): its plan,
-    allocations and launchers.
-
-    Scratch (the LSE when the caller does not want it, small ones only; the split-KV partials)
-    is carved from the thread's scratch pool of the entry's (device, stream), shared by every
-    entry of that stream: their launches are ordered on it, and an entry that is never called
-    again holds no memory. Never while a CUDA graph is captured (a graph must not keep a
-    pointer into a buffer the pool may replace) nor inside the torch op (torch.compile's
-    CUDA-graph trees reject a warm-up allocation that outlives the run): then per call."""
-
-    __slots__ = ("plan", "out_shape", "out_dtype", "lse_shape", "mode", "launchers", "varlen",
-                 "total_q", "total_k", "max_q", "max_k", "keep_lse", "out_like_q", "acc_shapes",
-                 "scratch_shapes", "pool_key", "pool", "pooled", "vt_rows", "q8_heads_k", "inputs",
-                 "key", "stamp")
-
-    def _scratch(self, q, want_lse):
-        """(lse or None, [oacc, lseacc] or None) of this call."""
-        if _tls.in_op or _capturing():
-            pooled = None
-        else:
-            buf = _tls.pools.get(self.pool_key)
-            pooled = self.pooled
-            if pooled is None or buf is None or buf is not self.pool:
-                buf, pooled = self._carve(q, buf)
-        lse = None
-        if not want_lse and self.keep_lse and pooled is not None:
-            lse = pooled[0]
-        if lse is None:
-            lse = q.new_empty(self.lse_shape, dtype=_float32)
-        if not self.acc_shapes:
-            return lse, None
-        if pooled is not None:
-            return lse, pooled[1:]
-        return lse, [q.new_empty(shape, dtype=_float32) for shape in self.acc_shapes]
-
-    def _carve(self, q, buf):
-        """Views of this entry's scratch in the pool, growing the pool to a power of two
-        elements if it is too small (an entry keeps the pool it carved from until its next
-        call, so the pools left behind total less than the current one). Every view starts
-        on a SCRATCH_ALIGN-byte boundary (the pool's own start is the allocator's, 512-byte
-        aligned): the kernels store the split-KV partials in 8- and 16-byte vectors, and a
-        view placed right after an LSE of an odd number of floats would be 4-byte aligned
-        only (docs/design.md#alignment)."""
-        starts, end = scratch_layout(self.scratch_shapes)
-        if buf is None or buf.numel() < end:
-            buf = q.new_empty(1 << max(end - 1, 0).bit_length(), dtype=_float32)
-            _tls.pools[self.pool_key] = buf
-        views = [buf[at:at + math.prod(shape)].view(shape)
-                 for shape, at in zip(self.scratch_shapes, starts)]
-        self.pool, self.pooled = buf, views
-        return buf, views
-
-    def run(self, q, out, want_lse, addrs):
-        """Allocate (out when not given, the LSE, scratch), complete the call's address record
-        ``addrs`` (q/k/v and the inputs filled in by the caller) and launch."""
-        if out is None:  # contiguous (empty_like parses no shape: the cheaper call)
-            out = (torch.empty_like(q) if self.out_like_q
-                   else q.new_empty(self.out_shape, dtype=self.out_dtype))
-        if self.mode:
-            lse = q.new_empty(self.lse_shape, dtype=_float32)
-            if self.mode == _planner.ZERO_FILL:
-                out.zero_()
-                lse.fill_(-math.inf)
-            return out, lse
-        lse, acc = self._scratch(q, want_lse)
-        addrs[_O], addrs[_LSE] = out.data_ptr(), lse.data_ptr()
-        if acc is not None:
-            addrs[_OACC], addrs[_LSEACC] = acc[0].data_ptr(), acc[1].data_ptr()
-        for launcher in self.launchers:
-            launcher(addrs)
-        if _launch_counts is not None:
-            for kl in self.plan.launches:
-                _launch_counts[kl.name] = _launch_counts.get(kl.name, 0) + 1
-        return out, lse
-
-    def check_offsets(self, cu_seqlens_q, cu_seqlens_k):
-        """:func:`check_varlen` of a varlen call that launches, when it is on for every call."""
-        if (self.varlen and _check_varlen_always and not self.mode and not _capturing()
-                and cu_seqlens_k is not None):
-            check_varlen(cu_seqlens_q, cu_seqlens_k, self.max_q, self.max_k, self.total_q,
-                         self.total_k)
-
-    def launch(self, a: Args, want_lse: bool = False):
-        """Run on the tensors of ``a`` (the shapes, strides and dtypes it was prepared for):
-        (out, lse, the address record launched). Tools'; :func:`attention` is the fast path."""
-        addrs = _NO_ADDRESSES.copy()
-        for slot, field in enumerate(_ARG_OF_SLOT):
-            t = getattr(a, field) if field else None
-            if t is not None:
-                addrs[slot] = t.data_ptr()
-        vt = transposed_v(a.v, self.vt_rows) if self.vt_rows else a.v  # alive until enqueued
-        addrs[_V] = vt.data_ptr()
-        if self.q8_heads_k:
-            q8, qd = quantized_q(a.q, self.q8_heads_k)
-            addrs[_Q], addrs[_QD] = q8.data_ptr(), qd.data_ptr()
-        self.check_offsets(a.cu_seqlens_q, a.cu_seqlens_k)
-        out, lse = self.run(a.q, a.out, want_lse, addrs)
-        return out, lse, addrs
-
-
-def scratch_layout(shapes) -> tuple:
-    """(start of each fp32 view, total elements) of scratch views laid end to end, each start
-    rounded up to SCRATCH_ALIGN bytes."""
-    step = SCRATCH_ALIGN // 4
-    starts, at = [], 0
-    for shape in shapes:
-        starts.append(at)
-        at += -(-math.prod(shape) // step) * step
-    return tuple(starts), at
-
-
-def _build(p, a: Args, stream, manifest, e: PreparedCall | None = None) -> PreparedCall:
-    """The prepared call of plan ``p``; ``e``: a prepared call of the same kernels (another
-    call of the form) to retarget instead, its launchers taking the new parameters."""
-    c, q, device = p.call, a.q, a.q.device
-    launchers_of = e.launchers if e is not None else None
-    e = e or PreparedCall()
-    e.key, e.stamp = None, 0
-    e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
-    e.out_dtype = validate.out_dtype(q)
-    e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
-    e.max_q, e.max_k = a.max_seqlen_q, a.max_seqlen_k
-    e.acc_shapes = p.acc_shapes
-    # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
-    # contiguous tensor of the output's shape
-    e.out_like_q = (q.is_contiguous() and tuple(q.shape[-3:]) == p.out_shape[-3:]
-                    and e.out_dtype == q.dtype)
-    e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
-    e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
-    e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
-    # any optional input (varlen, serving, trace, FP8 descales): which ones is fixed per key
-    e.inputs = any(getattr(a, f) is not None for f in _ARG_OF_SLOT
-                   if f not in (None, "q", "k", "v"))
-    views = {name: TensorView(view[0], view[1], size, t.data_ptr(), f"{name}_ptr")
-             for name, view, t, size in (
-                 ("q", p.q_quantized or c.q, q, 1 if p.q_quantized else q.element_size()),
-                 ("k", c.k, a.k, a.k.element_size()),
-                 ("v", p.v_transposed or c.v, a.v, a.v.element_size()))}
-    e.vt_rows = p.v_transposed[0][1] if p.v_transposed else 0
-    e.q8_heads_k = c.heads_k if p.q_quantized else 0
-    launchers, launches = [], []
-    for i, kl in enumerate(p.launches):
-        launch, values = kl.record["launch"], kl.values
-        if values.get("sched_ptr") is SCHED_COUNTER:
-            values = {**values, "sched_ptr": counter(device, stream).data_ptr()}
-            kl = kl._replace(values=values)
-        launches.append(kl)
-        kernel = runtime.get_kernel(device.index, kl.name, manifest.cubin_bytes(kl.name),
-                                    kl.record)
-        template = runtime.param_layout(kl.name, launch["params"]).template(values, views)
-        if launchers_of is not None:
-            launchers_of[i].retarget(template, kl.grid)
-            launchers.append(launchers_of[i])
-            continue
-        launchers.append(runtime.Launcher(kernel, template, kl.grid, launch["block"],
-                                          launch["dynamic_smem_bytes"], stream,
-                                          launch.get("cluster")))
-    e.launchers = tuple(launchers)
-    e.plan = p._replace(launches=tuple(launches))  # as launched: the counter's address in place
-    return e
-
-
 def prepare(a: Args, manifest=None, kernel: str | None = None, stream=None) -> PreparedCall:
     """Validate, plan (:func:`plan_call`: ``manifest``, ``kernel``) and build the launchers of
     a call on ``stream`` (default: the current one), outside the memo: run it with
@@ -337,7 +128,7 @@ def prepare(a: Args, manifest=None, kernel: str | None = None, stream=None) -> P
     kernel forced this way."""
     manifest = manifest or load_manifest()
     p = plan_call(a, manifest, kernel)
-    return _build(p, a, _raw_stream(a.q.device.index) if stream is None else stream, manifest)
+    return build(p, a, _raw_stream(a.q.device.index) if stream is None else stream, manifest)
 
 
 # Where the memo key (attention()) holds q/k/v's shapes and strides, out's key, cu_seqlens
@@ -379,7 +170,7 @@ def _prepare(a: Args, key, stream) -> PreparedCall:
         old = min(same or pool, key=_stamp)
         if same:
             memo.pop(old.key, None)
-        e = _build(p, a, stream, manifest, old if same else None)
+        e = build(p, a, stream, manifest, old if same else None)
         pool[pool.index(old)] = e
     else:
         e = prepare(a, stream=stream)
@@ -528,8 +319,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
             addrs[_KD] = k_descale.data_ptr()
         if v_descale is not None:
             addrs[_VD] = v_descale.data_ptr()
-        if _check_varlen_always:
-            e.check_offsets(cu_seqlens_q, cu_seqlens_k)
+        e.check_offsets(cu_seqlens_q, cu_seqlens_k)
     o, lse = e.run(q, out, return_lse, addrs)
     return (o, lse) if return_lse else o
 

@@ -165,11 +165,12 @@ class FakeManifest:
 
 def install(monkeypatch, addr_word=3, sms=132, arch="sm_90a", stream=0x5000):
     """Patch fa4_aot so that CPU tensors take the CUDA path with a fake driver and manifest."""
-    from fa4_aot import buffers, interface, runtime
+    from fa4_aot import buffers, interface, prepared, runtime
     drv = FakeDriver(addr_word)
     drv.manifest = FakeManifest()
     monkeypatch.setattr(interface, "load_manifest", lambda: drv.manifest)
     monkeypatch.setattr(runtime, "_driver", lambda: drv)
+    monkeypatch.setattr(runtime, "_encoder", None)  # resolved again: from the fake driver
     monkeypatch.setattr(runtime, "_fields", {})
     monkeypatch.setattr(runtime, "_images", type(runtime._images)())
     monkeypatch.setattr(runtime, "_tmap_cache", type(runtime._tmap_cache)())
@@ -178,7 +179,7 @@ def install(monkeypatch, addr_word=3, sms=132, arch="sm_90a", stream=0x5000):
     monkeypatch.setattr(interface, "_raw_stream", lambda index: drv.stream)
     monkeypatch.setattr(interface, "_device_arch", lambda device: arch)
     monkeypatch.setattr(interface, "num_sms", lambda device: sms)
-    monkeypatch.setattr(interface, "_capturing", lambda: False)
+    monkeypatch.setattr(prepared, "_capturing", lambda: False)
     monkeypatch.setattr(buffers, "_counters", {})
     drv.stream = stream
     orig_init = runtime.Launcher.__init__

@@ -19,7 +19,7 @@ def test_the_record_is_the_abis_per_call_pointers():
     assert all(runtime.ADDRESSES[runtime.SLOT[n]] == n for n in runtime.ADDRESSES)
     # the tensors' descriptors take "<tensor>_ptr"; the optional inputs are slots too
     assert {f"{t}_ptr" for t in abi.FWD_SM90.tensors} <= set(runtime.ADDRESSES)
-    inputs = {n for n, f in zip(runtime.ADDRESSES, interface._ARG_OF_SLOT) if f}
+    inputs = {n for n, f in zip(runtime.ADDRESSES, fa4_aot.prepared._ARG_OF_SLOT) if f}
     assert inputs == {"q_ptr", "k_ptr", "v_ptr", "trace_ptr", "cu_seqlens_q", "cu_seqlens_k",
                       "seqused_q", "seqused_k", "page_table", "q_descale", "k_descale", "v_descale"}
 
@@ -70,7 +70,7 @@ def test_each_input_lands_in_its_own_parameter(monkeypatch, what, args, kw):
                 assert words[name] == t.data_ptr(), (what, name)
             assert words["o_ptr"] == out.data_ptr() and words["lse_ptr"] == lse.data_ptr()
             assert words["k_ptr"] == args[1].data_ptr()
-            optional = {n for n, f in zip(runtime.ADDRESSES, interface._ARG_OF_SLOT)
+            optional = {n for n, f in zip(runtime.ADDRESSES, fa4_aot.prepared._ARG_OF_SLOT)
                         if f not in (None, "q", "k", "v")}
             for name in optional - set(inputs):
                 assert words.get(name, 0) == 0, (what, name)

@@ -14,7 +14,7 @@ from fa4_aot import abi
 torch = pytest.importorskip("torch")
 import fa4_aot  # noqa: E402
 import fakecuda  # noqa: E402
-from fa4_aot import interface  # noqa: E402
+from fa4_aot import interface, prepared  # noqa: E402
 
 ELEM_BYTES = {"io": 1, "f32": 4, "i32": 4, "i64": 8}  # "io": e4m3 at least one byte
 # The pointers whose declared alignment exceeds their element size, and who guarantees it:
@@ -28,15 +28,15 @@ def test_over_aligned_pointers_are_the_checked_or_allocated_ones():
     over = {a.name for spec in abi.SPECS.values() for a in spec.args()
             if a.kind == "ptr" and a.align > ELEM_BYTES[a.elem]}
     assert over == set(OVER_ALIGNED)
-    assert interface.SCRATCH_ALIGN % max(a.align for s in abi.SPECS.values()
+    assert prepared.SCRATCH_ALIGN % max(a.align for s in abi.SPECS.values()
                                          for a in s.args() if a.kind == "ptr") == 0
 
 
 @pytest.mark.parametrize("shapes", [[(1, 1, 1)], [(1, 3, 1), (4, 3, 8, 128), (4, 3, 8)],
                                     [(5,), (7, 13, 9, 64), (7, 13, 9)], [(0,), (2, 1, 3, 96)]])
 def test_scratch_views_start_on_128_byte_boundaries(shapes):
-    starts, end = interface.scratch_layout(shapes)
-    step = interface.SCRATCH_ALIGN // 4
+    starts, end = prepared.scratch_layout(shapes)
+    step = prepared.SCRATCH_ALIGN // 4
     assert all(s % step == 0 for s in starts) and end % step == 0
     for shape, s, nxt in zip(shapes, starts, list(starts[1:]) + [end]):
         assert s + math.prod(shape) <= nxt  # no overlap
@@ -84,7 +84,7 @@ def test_every_launched_address_meets_its_abi_alignment(monkeypatch, name):
     if entry.pooled is not None:
         base = entry.pool.data_ptr()
         for view in entry.pooled:
-            assert view.numel() == 0 or (view.data_ptr() - base) % interface.SCRATCH_ALIGN == 0
+            assert view.numel() == 0 or (view.data_ptr() - base) % prepared.SCRATCH_ALIGN == 0
 
 
 def test_misaligned_caller_tensors_are_refused_by_name(monkeypatch):

@@ -36,7 +36,7 @@ def _state(e):
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3kv"])
 def test_retargeted_launches_are_the_fresh_ones(monkeypatch, fp8):
-    drv = fakecuda.install(monkeypatch)
+    fakecuda.install(monkeypatch)
     monkeypatch.setenv("FA4_AOT_EXPERIMENTAL_FP8", "1")
     flat = torch.randn(HK * 5000 * D)
     flat = flat.to(torch.float8_e4m3fn) if fp8 else flat.bfloat16()
@@ -48,8 +48,8 @@ def test_retargeted_launches_are_the_fresh_ones(monkeypatch, fp8):
              + [(torch.randn(1, n, H, D).bfloat16(), n) for n in (700, 1500, 129, 4000)]
              + [(q1, n) for n in (4001, 4002, 64)])
     retargets = []
-    real = interface.runtime.Launcher.retarget
-    monkeypatch.setattr(interface.runtime.Launcher, "retarget",
+    real = fa4_aot.runtime.Launcher.retarget
+    monkeypatch.setattr(fa4_aot.runtime.Launcher, "retarget",
                         lambda self, *a: retargets.append(1) or real(self, *a))
     for q, n in steps:
         k = _kv(flat, n)
@@ -71,8 +71,8 @@ def test_alternating_lengths_stay_memo_hits(monkeypatch):
     for n in lengths:
         fa4_aot.attention(q, _kv(flat, n), _kv(flat, n), causal=True)
     builds = []
-    real = interface._build
-    monkeypatch.setattr(interface, "_build", lambda *a: builds.append(1) or real(*a))
+    real = interface.build
+    monkeypatch.setattr(interface, "build", lambda *a: builds.append(1) or real(*a))
     before = len(drv.launches)
     for _ in range(3):
         for n in lengths[-2:]:  # the two latest lengths, called again and again

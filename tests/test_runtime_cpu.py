@@ -240,7 +240,6 @@ def test_softcap_launch_values():
     """The scalars a softcap launch passes: tanh(S * scale / cap), then the softmax in units of
     the cap (so P and the LSE are those of cap * tanh(scale * S / cap))."""
     import math
-    from fa4_aot import interface
     from fa4_aot.testing import attention_ref
     q = torch.randn(1, 5, 1, 8)
     k = torch.randn(1, 7, 1, 8)
@@ -505,7 +504,7 @@ def test_varlen_reads_no_offsets_unless_asked(monkeypatch):
         monkeypatch.undo()
         drv = fakecuda.install(monkeypatch)
         kl = drv.launches
-        monkeypatch.setattr(interface, "_check_varlen_always", True)
+        monkeypatch.setattr(fa4_aot.prepared, "check_varlen_always", True)
         fa4_aot.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=15,
                           max_seqlen_k=15)
         with pytest.raises(ValueError, match="cu_seqlens_q decreases at index 2"):
@@ -776,17 +775,17 @@ def test_scratch_is_pooled_from_eager_calls_only(monkeypatch):
     with torch.no_grad():
         out, lse = interface.forward(q, k, v, [None] * 5, [0, 0, -1, -1, 0], True, None, "auto")
         (e,) = interface.prepared_calls()
-        assert lse.shape == (2, 4, 100) and e.pool is None and not interface._tls.pools
+        assert lse.shape == (2, 4, 100) and e.pool is None and not fa4_aot.prepared._tls.pools
         fa4_aot.attention(q, k, v, causal=True)
         assert interface.prepared_calls() == (e,) and e.pool is not None
-        (pool,) = interface._tls.pools.values()
+        (pool,) = fa4_aot.prepared._tls.pools.values()
         assert e.pool is pool and e.pooled[0].data_ptr() == pool.data_ptr()
         fa4_aot.attention(q, k, v, causal=True)
         assert e.pool is pool
         # another prepared call on the same stream shares the pool (growing it if it must)
         q2, k2, v2 = _dense(sq=300)
         fa4_aot.attention(q2, k2, v2, causal=True)
-        (pool2,) = interface._tls.pools.values()
+        (pool2,) = fa4_aot.prepared._tls.pools.values()
         e2 = interface.prepared_calls()[-1]
         assert e2.pool is pool2 and pool2.numel() >= 2 * 4 * 300
         fa4_aot.attention(q, k, v, causal=True)  # the first entry re-carves from the new pool

@@ -57,7 +57,7 @@ import weakref
 
 import torch
 
-from fa4_aot import interface as _interface
+from fa4_aot import prepared as _prepared
 
 NAME = "fa4_aot"
 HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -157,7 +157,7 @@ def _memo_get(kind, t, fn):
 def _tracing() -> bool:
     """torch.compile tracing or CUDA-graph capture: no host syncs, no data-dependent branches."""
     return torch.compiler.is_compiling() or (torch.cuda.is_initialized()
-                                             and _interface._capturing())
+                                             and _prepared._capturing())
 
 
 def _unsupported(feature: str, hint: str = ""):
@@ -252,7 +252,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 def _masked(q, k, v, mask, sliding_window, kw):
     """2-D padding mask (batch, W): W == Sk, or W < Sk with a static cache (only the first W
     slots of the buffer are filled)."""
-    b, sq = q.shape[0], q.shape[1]
+    sq = q.shape[1]
     w = mask.shape[1]
     full_k, full_v = k, v
     if w < k.shape[1]:
