@@ -78,8 +78,8 @@ def quantized_q(q, heads_k: int):
     the group's largest |q| to [224, 448] (e4m3 has the same relative precision in every
     binade, and the bf16 product by a power of two is exact: q8 is q rounded once, to e4m3);
     a group of zeros gets descale 0 and q8 = 0; a NaN or Inf in q gives a NaN or Inf descale
-    (the output is then NaN, as a bf16 call's would be). Two passes over q on the current stream
-    (one max, one scale-and-round), no host sync."""
+    (the output is then NaN, as a bf16 call's would be). Torch ops on the current stream (a max,
+    a scale, a cast: three reads of q), no host sync."""
     b, s, h, d = q.shape
     g = q.unflatten(2, (heads_k, h // heads_k))
     amax = torch.linalg.vector_norm(g, float("inf"), dim=(1, 3, 4), dtype=torch.float32)

@@ -84,7 +84,7 @@ class LaunchPlan(NamedTuple):
     launches: tuple  # KernelLaunch, run in order on the call's stream
     acc_shapes: tuple = ()  # split-KV: fp32 shapes of the partials at oacc_ptr, lseacc_ptr
     call: CallSpec | None = None
-    # FP8 prefill: the kernels read V transposed (fa4_aot.interface.transposed_v, keys rounded up
+    # FP8 prefill: the kernels read V transposed (fa4_aot.buffers.transposed_v, keys rounded up
     # to VT_GROUP); (shape, element strides) of that tensor as the (b, s, h, d) view they see.
     v_transposed: tuple | None = None
     # FP8 prefill of a bf16 q: the kernels read q quantized per call (fa4_aot.buffers.quantized_q:

@@ -145,15 +145,15 @@ def _layout_key(param):
 _ENCODE_ARGS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
-_encoder = None  # (ctypes function, enum values) of the driver's cuTensorMapEncodeTiled, or False
+_encoder = None  # _raw_encoder(): (function, enum values, interleave none), or False
 
 
 def _raw_encoder():
     """The driver's ``cuTensorMapEncodeTiled`` called through ctypes (its C signature:
     CUtensorMap*, data type, rank, address, dims, strides, box, element strides, interleave,
     swizzle, L2 promotion, OOB fill), with the enum values it takes; False where the driver
-    does not give its address (then cuda-python's binding encodes, several times slower: it
-    converts each argument to a Python object)."""
+    does not give its address (then cuda-python's binding encodes, slower: it converts each
+    argument to a Python object)."""
     global _encoder
     if _encoder is None:
         _encoder = False
@@ -437,21 +437,25 @@ class Launcher:
         size = len(template.image)
         self._raw = ctypes.create_string_buffer(size + 64)
         base = (ctypes.addressof(self._raw) + 63) & ~63
-        ctypes.memmove(base, template.image, size)
         self.buf = (ctypes.c_char * size).from_address(base)
         self.u64 = (ctypes.c_uint64 * (size // 8)).from_address(base)
-        for off, _ in template.ptr_patches:
-            if off % 8:
-                raise ValueError(f"per-call address at byte {off} is not 8-byte aligned")
-        self.patches = tuple((off // 8, SLOT[s]) for off, s in template.ptr_patches)
-        self.tmaps = tuple((off, p, dims, strides, SLOT[s])
-                           for off, p, dims, strides, s in template.tmap_patches)
+        self._take(template)
         n = len(template.offsets)
         self.ptrs = (ctypes.c_uint64 * n)()
         _u64s(n).pack_into(self.ptrs, 0, *[base + o for o in template.offsets])
         self.params = ctypes.addressof(self.ptrs)
         self.cfg, self.func = _launch_config(kernel, grid, block, smem, stream_handle, cluster)
         self.launch = _driver().cuLaunchKernelEx
+
+    def _take(self, template: Template):
+        """The template's bytes into the buffer, and where its per-call words go."""
+        for off, _ in template.ptr_patches:
+            if off % 8:
+                raise ValueError(f"per-call address at byte {off} is not 8-byte aligned")
+        ctypes.memmove(self.buf, template.image, len(template.image))
+        self.patches = tuple((off // 8, SLOT[s]) for off, s in template.ptr_patches)
+        self.tmaps = tuple((off, p, dims, strides, SLOT[s])
+                           for off, p, dims, strides, s in template.tmap_patches)
         self.template = template
 
     def retarget(self, template: Template, grid: tuple):
@@ -460,12 +464,8 @@ class Launcher:
         copied the previous parameters at their launch: nothing in flight reads this buffer."""
         if len(template.image) != len(self.template.image):
             raise ValueError("retarget: a template of another parameter layout")
-        ctypes.memmove(self.buf, template.image, len(template.image))
-        self.patches = tuple((off // 8, SLOT[s]) for off, s in template.ptr_patches)
-        self.tmaps = tuple((off, p, dims, strides, SLOT[s])
-                           for off, p, dims, strides, s in template.tmap_patches)
+        self._take(template)
         self.cfg.gridDimX, self.cfg.gridDimY, self.cfg.gridDimZ = grid
-        self.template = template
 
     def __call__(self, addresses):
         """Write this call's addresses (its record: a sequence in :data:`ADDRESSES` order)

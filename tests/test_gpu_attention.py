@@ -542,6 +542,32 @@ def test_raw_descriptor_encoder_matches_the_binding(monkeypatch):
     assert checked >= 10
 
 
+def test_retargeted_calls_follow_a_growing_cache(monkeypatch):
+    """Decode steps over a KV cache that grows by one key a step (a fresh (1, hk, n, d) tensor
+    each step, as transformers' dynamic cache makes), then prompts of new lengths: after the
+    form's first FORM_POOL lengths the prepared calls are retargeted in place, and every step
+    matches the reference for its own length."""
+    from fa4_aot import interface, runtime
+    retargets = []
+    real = runtime.Launcher.retarget
+    monkeypatch.setattr(runtime.Launcher, "retarget",
+                        lambda self, *a: retargets.append(1) or real(self, *a))
+    interface.clear_memo()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q1 = torch.randn(1, 1, 8, 128, device="cuda", generator=g).bfloat16()
+    steps = [(q1, n) for n in range(1000, 1012)] + [
+        (torch.randn(1, n, 8, 128, device="cuda", generator=g).bfloat16(), n)
+        for n in (333, 2047, 700)] + [(q1, n) for n in (4097, 4098)]
+    for q, n in steps:
+        k = torch.randn(1, 2, n, 128, device="cuda", generator=g).bfloat16().transpose(1, 2)
+        v = torch.randn(1, 2, n, 128, device="cuda", generator=g).bfloat16().transpose(1, 2)
+        out = fa4_aot.attention(q, k, v, causal=True)
+        ref, _ = attention_ref(q, k, v, causal=True)
+        ref_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+        check_close(out, ref, ref_pt, f"q {tuple(q.shape)}, {n} keys")
+    assert len(retargets) >= 8
+
+
 def test_patched_descriptors_follow_the_tensors():
     """Many calls of one shape, each on freshly allocated (differently placed) tensors: every
     output matches the reference for its own inputs (a stale descriptor address would read

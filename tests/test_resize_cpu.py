@@ -1,9 +1,12 @@
-"""Calls whose only change from a prepared one is a sequence length (a decode step over a
-growing KV cache, prompts of new lengths): after FORM_POOL prepared calls of a form,
-``fa4_aot.interface`` retargets the least recently called one in place. On the CPU with a fake
-driver (tests/fakecuda.py): every retargeted launch is byte for byte the launch a call prepared
-from scratch makes, the size checks still name the argument, and calls alternating between
-prepared lengths stay memo hits."""
+"""What a call of new shapes costs on the host path, on the CPU with a fake driver
+(tests/fakecuda.py). Calls whose only change from a prepared one is a sequence length (a decode
+step over a growing KV cache, prompts of new lengths): after FORM_POOL prepared calls of a
+form, ``fa4_aot.interface`` retargets the least recently called one in place; every retargeted
+launch is byte for byte the launch a call prepared from scratch makes, the size checks still
+name the argument, and calls alternating between prepared lengths stay memo hits. New
+descriptors are encoded by a ctypes call of the driver's function."""
+
+import struct
 
 import pytest
 
@@ -96,3 +99,39 @@ def test_resized_calls_are_still_checked(monkeypatch):
     with pytest.raises(ValueError, match="out must be"):
         fa4_aot.attention(q, _kv(flat, 108), _kv(flat, 108), causal=True,
                           out=torch.empty(1, 2, H, D).bfloat16())
+
+
+def test_raw_encoder_passes_the_drivers_arguments(monkeypatch):
+    """Where the driver gives cuTensorMapEncodeTiled's address, descriptors are encoded by a
+    ctypes call: a stand-in C function (a ctypes callback) receives the record's data type,
+    rank, address, dims, strides, box, element strides and modes as the binding would pass
+    them, and its 16 words come back as the image; a nonzero result falls back to the binding,
+    which raises naming the descriptor."""
+    import ctypes
+
+    from fa4_aot import runtime
+    fakecuda.install(monkeypatch)
+    seen = []
+
+    def c_encode(out, dtype, rank, address, dims, strides, box, elem, *modes):
+        address = address or 0  # a null void* arrives as None
+        get = lambda ptr, t, n: [ctypes.cast(ptr, ctypes.POINTER(t))[i] for i in range(n)]  # noqa: E731
+        seen.append((dtype, rank, address, get(dims, ctypes.c_uint64, rank),
+                     get(strides, ctypes.c_uint64, rank - 1), get(box, ctypes.c_uint32, rank),
+                     get(elem, ctypes.c_uint32, rank), modes))
+        words = ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))
+        for i in range(16):
+            words[i] = address + i
+        return 0 if address else 1
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, *runtime._ENCODE_ARGS)(c_encode)
+    enums = {"bf16": 9, "128B": 3, "none": 0, "256B": 3, "zero": 0}
+    monkeypatch.setattr(runtime, "_encoder", (fn, enums, 0))
+    p = {**fakecuda.fwd_params("bf16", 128, 128, 128)[0], "swizzle": "128B", "l2_promotion": "256B",
+         "oob_fill": "zero"}
+    dims, strides = (128, 1000, 8, 2), (256, 2048, 2048000)
+    img = runtime.encode_tensormap(p, dims, strides, 0x7F00_0000_1000)
+    assert img == struct.pack("<16Q", *[0x7F00_0000_1000 + i for i in range(16)])
+    assert seen == [(9, 4, 0x7F00_0000_1000, list(dims), list(strides), list(p["box"]),
+                     [1] * 4, (0, 3, 3, 0))]
+    # the driver's error: the binding encodes again (the fake one succeeds here)
+    assert runtime.encode_tensormap(p, dims, strides, 0) != b"" and len(seen) == 2

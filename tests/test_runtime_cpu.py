@@ -345,7 +345,6 @@ def _expected_values(entry_launch, out, lse, q, k, v, cu_q=None, cu_k=None):
 def test_memo_hit_patches_addresses_and_matches_a_full_pack(monkeypatch):
     """Same shapes, new tensors every call: one derivation, one descriptor template per shape,
     and every launch buffer equal to a from-scratch pack with that call's addresses."""
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     derived = []
     real = fa4_aot.plan.plan
@@ -387,7 +386,6 @@ def test_fallback_reencodes_when_the_address_field_is_not_raw(monkeypatch):
 @pytest.mark.parametrize("change", ["stride", "dtype", "causal", "scale", "stream", "window",
                                     "softcap", "scheduler", "out"])
 def test_memo_key_covers_what_the_launch_depends_on(monkeypatch, change):
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     derived = []
     real = fa4_aot.plan.plan
@@ -487,7 +485,6 @@ def test_op_form_shares_the_memo(monkeypatch):
 def test_varlen_reads_no_offsets_unless_asked(monkeypatch):
     """The default varlen path never copies cu_seqlens to the host; FA4_AOT_CHECK_VARLEN
     (set_check_varlen) runs check_varlen on every call."""
-    from fa4_aot import interface
     drv = fakecuda.install(monkeypatch)
     q, k, v = _packed(total=20, h=4, d=64)
     cu = torch.tensor([0, 5, 20], dtype=torch.int32)
