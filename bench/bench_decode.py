@@ -173,7 +173,7 @@ def uniform_offsets(n, step):
     return torch.arange(0, n * step + 1, step, dtype=torch.int32, device="cuda")
 
 
-FP8_CASES = [  # (label, batch, seqlen_q, seqlen_k, heads, kv_heads, page, e4m3 q, causal)
+FP8_CASES = [  # (label, batch, seqlen_q, seqlen_k, heads, kv_heads, page, e4m3 q, causal[, d])
     ("decode B32 sk8k 32/8", 32, 1, 8192, 32, 8, 0, False, True),
     ("decode B32 sk8k 32/8 page16", 32, 1, 8192, 32, 8, 16, False, True),
     ("decode B32 sk8k 32/8 :qkv", 32, 1, 8192, 32, 8, 0, True, True),
@@ -184,16 +184,19 @@ FP8_CASES = [  # (label, batch, seqlen_q, seqlen_k, heads, kv_heads, page, e4m3 
     ("prefill 2x16x8k", 2, 8192, 8192, 16, 16, 0, False, False),
     ("prefill 2x16x8k causal", 2, 8192, 8192, 16, 16, 0, False, True),
     ("prefill 4x32/8x4k causal", 4, 4096, 4096, 32, 8, 0, False, True),
+    ("prefill 2x8x8k causal hd256", 2, 8192, 8192, 8, 8, 0, False, True, 256),
+    # chunked prefill: 512 new tokens of each of 8 sequences over 8k paged keys (page 64)
+    ("chunked 8x512 over 8k page64", 8, 512, 8192, 32, 8, 64, False, True),
 ]
 
 
-def fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal):
+def fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal, d=HEAD_DIM):
     """(fp8 call, bf16 call) on the same values: e4m3 K/V (and q) with descales 1, and their
-    exact bf16 widening; paged: a shuffled pool of pages with page_table + seqused_k."""
+    exact bf16 widening; paged: a shuffled pool of pages with page_table + seqused_k, and with
+    more than one query a sequence, q packed with cu_seqlens_q (chunked prefill)."""
     import torch
     import fa4_aot
     e4m3 = torch.float8_e4m3fn
-    d = HEAD_DIM
     q8 = torch.randn(b, sq, h, d, device="cuda").to(e4m3)
     ones = torch.ones(b, hk, device="cuda")
     paged = {}
@@ -202,6 +205,9 @@ def fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal):
         k8 = torch.randn(b * pages, page, hk, d, device="cuda").to(e4m3)
         paged = {"page_table": torch.randperm(b * pages, device="cuda").int().view(b, pages),
                  "seqused_k": torch.full((b,), sk, dtype=torch.int32, device="cuda")}
+        if sq > 1:
+            q8 = q8.view(b * sq, h, d)
+            paged.update(cu_seqlens_q=uniform_offsets(b, sq), max_seqlen_q=sq)
     else:
         k8 = torch.randn(b, sk, hk, d, device="cuda").to(e4m3)
     v8 = torch.randn_like(k8, dtype=torch.float32).to(e4m3)
@@ -233,17 +239,18 @@ def run_fp8(a):
     from fa4_aot.validate import FP8_ENV
     os.environ[FP8_ENV] = "1"
     rows = []
-    for (lab, b, sq, sk, h, hk, page, fp8_q, causal) in FP8_CASES:
+    for (lab, b, sq, sk, h, hk, page, fp8_q, causal, *dim) in FP8_CASES:
         if a.filter and a.filter not in lab:
             continue
-        res = measure(fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal), a.repeats, a.iters)
-        kvb = kv_bytes(b, sk, hk, elem=1)
-        flops = 4 * h * HEAD_DIM * b * (visible_pairs(sq, sk) if causal else sq * sk)
+        d = dim[0] if dim else HEAD_DIM
+        res = measure(fp8_inputs(b, sq, sk, h, hk, page, fp8_q, causal, d), a.repeats, a.iters)
+        kvb = kv_bytes(b, sk, hk, d, elem=1)
+        flops = 4 * h * d * b * (visible_pairs(sq, sk) if causal else sq * sk)
         prov = _summarise(res, kvb, flops)
         f8, bf = prov["fa4_aot"].get("us"), prov["bf16"].get("us")
         rows.append({"group": "fp8", "label": lab,
                      "case": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads": h,
-                              "kv_heads": hk, "head_dim": HEAD_DIM, "causal": causal,
+                              "kv_heads": hk, "head_dim": d, "causal": causal,
                               "page_size": page, "dtype": "e4m3" if fp8_q else "bf16+e4m3kv",
                               "kv_bytes": kvb, "flops": flops},
                      "providers": prov,

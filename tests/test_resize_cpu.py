@@ -135,3 +135,52 @@ def test_raw_encoder_passes_the_drivers_arguments(monkeypatch):
                      [1] * 4, (0, 3, 3, 0))]
     # the driver's error: the binding encodes again (the fake one succeeds here)
     assert runtime.encode_tensormap(p, dims, strides, 0) != b"" and len(seen) == 2
+
+
+def test_form_key_keeps_everything_but_lengths_and_strides(monkeypatch):
+    """Two calls share a form (and may be retargeted between) exactly when their memo keys
+    differ only in the sequence lengths and strides of q, k, v and out: every other argument
+    (mask, scale, window, softcap, scheduler, dtype, batch, heads, head_dim, out's dtype, the
+    optional inputs) gives another form; varlen and paged calls have none."""
+    fakecuda.install(monkeypatch)
+    b, h, hk, d = 2, 8, 2, 64
+
+    def key(sq=5, sk=300, q_dtype=torch.bfloat16, batch=b, heads=h, dim=d, strided=False,
+            **kw):
+        q = torch.randn(batch, sq, heads, dim).to(q_dtype)
+        kv = torch.randn(batch, hk, sk + 16 * strided, dim).to(q_dtype)[:, :, :sk]
+        kv = kv.transpose(1, 2)
+        interface.clear_memo()
+        fa4_aot.attention(q, kv, kv, **kw)
+        (e,) = interface.prepared_calls()
+        return interface._form_key(e.key)
+
+    base = key(causal=True)
+    assert base is not None
+    assert key(sq=7, sk=999, strided=True, causal=True) == base
+    out = torch.empty(b, 9, h, d).bfloat16()
+    assert key(sq=9, causal=True, out=out) == key(sq=9, sk=77, causal=True,
+                                                  out=torch.empty(b, 9, h, d).bfloat16())
+    others = [key(), key(causal=True, softmax_scale=0.5), key(causal=True, window_size=(64, 0)),
+              key(causal=True, softcap=30.0), key(causal=True, scheduler="single"),
+              key(causal=True, q_dtype=torch.float16), key(causal=True, batch=3),
+              key(causal=True, heads=4), key(causal=True, dim=128),
+              key(causal=True, out=torch.empty(b, 5, h, d).bfloat16()),
+              key(causal=True, seqused_k=torch.full((b,), 100, dtype=torch.int32)),
+              key(causal=True, num_splits=2)]
+    assert base not in others and len(set(map(repr, others))) == len(others)
+    q = torch.randn(10, h, d).bfloat16()
+    kv = torch.randn(10, hk, d).bfloat16()
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    interface.clear_memo()
+    fa4_aot.attention(q, kv, kv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6,
+                      max_seqlen_k=6)
+    (e,) = interface.prepared_calls()
+    assert interface._form_key(e.key) is None
+    cache = torch.randn(6, 16, hk, d).bfloat16()
+    interface.clear_memo()
+    fa4_aot.attention(torch.randn(b, 1, h, d).bfloat16(), cache, cache, causal=True,
+                      page_table=torch.zeros(b, 3, dtype=torch.int32),
+                      seqused_k=torch.full((b,), 40, dtype=torch.int32))
+    (e,) = interface.prepared_calls()
+    assert interface._form_key(e.key) is None
