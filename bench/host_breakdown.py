@@ -5,6 +5,12 @@ repeated (a memo hit), with retargeting (docs/design.md#the-runtime-and-the-host
 every new length prepared in full. Prints tables; no file.
 
     python bench/host_breakdown.py [--n 20000]
+    python bench/host_breakdown.py --cpu   # no GPU: the length-change table only, on CPU
+                                           # tensors through tests/fakecuda.py's driver
+
+``--cpu`` times the Python of the host path (the installed manifest, a fake launch and a fake
+descriptor encoder), not the driver's or the allocator's part: a regression check of the miss
+path between GPU runs, not a figure for the README.
 """
 
 from __future__ import annotations
@@ -31,7 +37,11 @@ def per_call(fn, n):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--cpu", action="store_true",
+                    help="the length-change table on the CPU with a fake driver (no GPU)")
     a = ap.parse_args(argv)
+    if a.cpu:
+        return length_change_table(min(a.n, 2000), "cpu")
     import torch
     import torch.nn.functional as F
 
@@ -110,30 +120,72 @@ def main(argv=None):
     print(f"host breakdown, 1x128x1x64 bf16, {n} calls each (us per call, host clock, no sync)")
     for name, us in res:
         print(f"{name:<{w}}  {us:7.2f}")
-    calls = min(n, 2000)
-    hit, grown = length_change(calls)
-    form_key = interface._form_key
-    interface._form_key = lambda key: None  # no forms: every new length prepared in full
+    length_change_table(min(n, 2000), "cuda")
+
+
+def length_change_table(calls: int, device: str):
+    from fa4_aot import interface
+    undo = _fake_cuda() if device == "cpu" else None
     try:
-        _, full = length_change(calls)
+        hit, grown = length_change(calls, device)
+        form_key = interface._form_key
+        interface._form_key = lambda key: None  # no forms: every new length prepared in full
+        try:
+            _, full = length_change(calls, device)
+        finally:
+            interface._form_key = form_key
     finally:
-        interface._form_key = form_key
-    print(f"decode 1x1 q, 32/8 heads, hd128, K/V from 2048 keys (us per call, host clock)\n"
+        if undo is not None:
+            undo.undo()
+    print(f"decode 1x1 q, 32/8 heads, hd128, K/V from 2048 keys (us per call, host clock"
+          f"{', CPU tensors, fake driver' if device == 'cpu' else ''})\n"
           f"  memo hit (same call)                        {hit:7.2f}\n"
           f"  K/V one key longer each call (retargeted)   {grown:7.2f}  ({grown / hit:.2f}x)\n"
           f"  the same, each prepared in full             {full:7.2f}  ({full / hit:.2f}x)")
 
 
-def length_change(n: int):
+def _fake_cuda():
+    """tests/fakecuda.py's driver under the installed manifest (its fake one where none is
+    built), descriptors encoded by a ctypes call as on a GPU (of a stand-in that only writes
+    the address): the undo handle."""
+    import ctypes
+
+    from _pytest.monkeypatch import MonkeyPatch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import fakecuda
+
+    from fa4_aot import interface, runtime
+    from fa4_aot.manifest import ManifestError, load_manifest
+    mp = MonkeyPatch()
+    drv = fakecuda.install(mp)
+    drv.record = False
+
+    def encode(out, dtype, rank, address, *rest):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))[3] = address or 0
+        return 0
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, *runtime._ENCODE_ARGS)(encode)
+    mp.setattr(runtime, "_encoder", (fn, {x: 0 for x in (*runtime._TMA_DTYPE, *runtime._SWIZZLE,
+                                                       *runtime._L2, *runtime._OOB)}, 0))
+    try:
+        manifest = load_manifest()
+        mp.setattr(interface, "load_manifest", lambda: manifest)
+    except ManifestError as e:
+        print(f"(no built manifest: {e}; the fake one)")
+    return mp
+
+
+def length_change(n: int, device: str = "cuda"):
     """(memo hit, a call whose K/V grew by one key since the last call), us per call: a
     transformers dynamic-cache decode step at batch 1 (q (1, 1, 32, 128); K/V (1, S, 8, 128)
     views of fresh (1, 8, S, 128) tensors, so their strides change with S too)."""
     import torch
 
     import fa4_aot
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     h, hk, d, s0 = 32, 8, 128, 2048
-    q = torch.randn(1, 1, h, d, device="cuda", dtype=torch.bfloat16)
-    flat = torch.randn(hk * (s0 + n + 1) * d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 1, h, d, device=device, dtype=torch.bfloat16)
+    flat = torch.randn(hk * (s0 + n + 1) * d, device=device, dtype=torch.bfloat16)
     kv = [flat[:hk * s * d].view(1, hk, s, d).transpose(1, 2) for s in range(s0, s0 + n + 1)]
     fa4_aot.attention(q, kv[0], kv[0], causal=True)
     hit = per_call(lambda: fa4_aot.attention(q, kv[0], kv[0], causal=True), n)
@@ -142,12 +194,12 @@ def length_change(n: int):
     def grown():
         x = next(it)
         fa4_aot.attention(q, x, x, causal=True)
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     for _ in range(n):
         grown()
     us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
+    sync()
     return hit, us
 
 

@@ -68,6 +68,7 @@ def clear_memo():
     _tls.memo.clear()
     _tls.forms.clear()
     _tls.pools.clear()
+    _device_infos.clear()
 
 
 def prepared_calls() -> tuple:
@@ -100,7 +101,13 @@ def num_sms(device) -> int:
 
 
 def _device_info(device) -> DeviceInfo:
-    return DeviceInfo(_device_arch(device), num_sms(device))
+    info = _device_infos.get(device.index)
+    if info is None:
+        info = _device_infos[device.index] = DeviceInfo(_device_arch(device), num_sms(device))
+    return info
+
+
+_device_infos: dict = {}  # device index -> DeviceInfo (clear_memo() forgets them)
 
 
 def plan_call(a: Args, manifest=None, kernel: str | None = None):

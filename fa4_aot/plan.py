@@ -17,7 +17,7 @@ from typing import NamedTuple
 from . import configs
 from .abi import CAPABILITIES, VT_GROUP, SeqMode
 from .configs import SCHEDULERS_BY_ARCH
-from .runtime import PerCall
+from .runtime import ADDRESSES, PerCall
 from .schedule import choose_section, compact_section, num_n_blocks
 
 SCHEDULERS = ("auto", "single", "static", "steal", "clc")
@@ -96,6 +96,8 @@ LAUNCH, NOTHING, ZERO_FILL = 0, 1, 2
 # sched_ptr of a work-stealing launch: the runtime's zeroed int32[2] counter of the call's
 # (device, stream), filled in by fa4_aot.interface when it builds the launch.
 SCHED_COUNTER = PerCall("sched_counter")
+# The per-call value of each address slot, made once (a plan is made on every memo miss).
+_PER_CALL = {name: PerCall(name) for name in ADDRESSES}
 
 # ------------------------------------------------------------------------------ rules
 # Decode kernels: packed GQA rows in 64-row tiles (128 for "wide"), split-KV, paged KV.
@@ -318,7 +320,12 @@ FORMS = tuple(dict.fromkeys(r.form for r in KERNEL_CHOICE))
 def row_tile(row: Row, arch: str, head_dim: int):
     """The tile of ``row``'s kernels at (arch, head_dim), from its configs table; None where
     the table has none (the row does not apply)."""
-    table = getattr(configs, row.tile)
+    return _table_tile(row.tile, arch, head_dim)
+
+
+@lru_cache(maxsize=None)
+def _table_tile(name: str, arch: str, head_dim: int):
+    table = getattr(configs, name)
     if any(isinstance(key, str) for key in table):  # {arch: {head_dim: Tile}}
         table = table.get(arch, {})
     return table.get(head_dim)
@@ -336,11 +343,17 @@ def plain_tile(c: CallSpec, device: DeviceInfo):
 def needed_capabilities(c: CallSpec, fp8: str | None = None) -> frozenset:
     """The manifest capabilities (abi.CAPABILITIES) a call needs of its kernel; ``fp8``: the
     FP8 mode the kernel sees, when the runtime changes the call's (a quantized q)."""
-    fp8 = c.fp8 if fp8 is None else fp8
+    return _capabilities(c.varlen, c.local, c.seqused_q or c.seqused_k, c.paged,
+                         (c.num_splits or 1) > 1, c.softcap > 0, c.trace,
+                         c.fp8 if fp8 is None else fp8)
+
+
+@lru_cache(maxsize=None)
+def _capabilities(varlen, window, seqused, paged, split_kv, softcap, trace, fp8) -> frozenset:
     return frozenset(cap for cap, on in (
-        ("varlen", c.varlen), ("window", c.local), ("seqused", c.seqused_q or c.seqused_k),
-        ("paged", c.paged), ("split_kv", (c.num_splits or 1) > 1), ("softcap", c.softcap > 0),
-        ("trace", c.trace), ("fp8_" + fp8, bool(fp8))) if on)
+        ("varlen", varlen), ("window", window), ("seqused", seqused), ("paged", paged),
+        ("split_kv", split_kv), ("softcap", softcap), ("trace", trace),
+        ("fp8_" + fp8, bool(fp8))) if on)
 
 
 def _fields(row: Row, c: CallSpec, arch: str, sched: str) -> dict:
@@ -454,6 +467,7 @@ def combine_kernel(manifest, dtype: str, head_dim: int):
 
 # ------------------------------------------------------------------------------ launch values
 _section = lru_cache(maxsize=4096)(choose_section)  # pure
+_num_splits = lru_cache(maxsize=4096)(choose_num_splits)  # pure
 
 
 def grid_size(rule: dict, num_tiles: int, sms: int) -> int:
@@ -482,12 +496,15 @@ def contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
+_VARLEN, _USED_Q, _USED_K, _VARLEN_K, _COMPACT = (int(SeqMode[x]) for x in (
+    "VARLEN", "USED_Q", "USED_K", "VARLEN_K", "COMPACT"))  # as ints: IntFlag's | is slow
+
+
 def _seq_mode(c: CallSpec, packed_k: bool, compact: bool) -> int:
     """The launch value ``seq_mode``: the :class:`fa4_aot.abi.SeqMode` bits of the call."""
-    return sum(int(bit) for bit, on in ((SeqMode.VARLEN, c.varlen), (SeqMode.USED_Q, c.seqused_q),
-                                        (SeqMode.USED_K, c.seqused_k),
-                                        (SeqMode.VARLEN_K, packed_k), (SeqMode.COMPACT, compact))
-               if on)
+    return ((_VARLEN if c.varlen else 0) | (_USED_Q if c.seqused_q else 0)
+            | (_USED_K if c.seqused_k else 0) | (_VARLEN_K if packed_k else 0)
+            | (_COMPACT if compact else 0))
 
 
 def _descale_values(descales) -> dict:
@@ -496,7 +513,7 @@ def _descale_values(descales) -> dict:
     values = {}
     for x, strides in zip("qkv", descales):
         name = f"{x}_descale"
-        values[name] = PerCall(name) if strides is not None else 0
+        values[name] = _PER_CALL[name] if strides is not None else 0
         values[f"{name}_stride_b"], values[f"{name}_stride_h"] = strides or (0, 0)
     return values
 
@@ -524,7 +541,7 @@ def plan(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None) -
     if decode:  # packed GQA: a tile's rows are (query row, query head of the KV head)
         num_m_blocks = -(-sq * g // tile_m)
         tiles = num_m_blocks * hk * b
-        splits = c.num_splits or choose_num_splits(tiles, -(-sk // tile_n), sms)
+        splits = c.num_splits or _num_splits(tiles, -(-sk // tile_n), sms)
         section = _section(hk, b * splits, sk, d, c.elem_bytes, 1)
     else:
         num_m_blocks = -(-sq // tile_m)
@@ -554,25 +571,25 @@ def plan(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None) -
         "qhead_per_kvhead": g, "num_m_blocks": num_m_blocks, "section": section,
         "num_tiles": num_tiles, "num_splits": splits, "acc_rows": acc_rows,
         **softmax_scalars(c.softmax_scale, c.softcap), **strides,
-        "q_ptr": PerCall("q_ptr"), "o_ptr": PerCall("o_ptr"), "lse_ptr": PerCall("lse_ptr"),
-        "oacc_ptr": PerCall("oacc_ptr") if split else 0,
-        "lseacc_ptr": PerCall("lseacc_ptr") if split else 0,
+        "q_ptr": _PER_CALL["q_ptr"], "o_ptr": _PER_CALL["o_ptr"], "lse_ptr": _PER_CALL["lse_ptr"],
+        "oacc_ptr": _PER_CALL["oacc_ptr"] if split else 0,
+        "lseacc_ptr": _PER_CALL["lseacc_ptr"] if split else 0,
         "sched_ptr": SCHED_COUNTER if launch["needs_counter"] else 0,
-        "trace_ptr": PerCall("trace_ptr") if c.trace else 0,
-        "cu_seqlens_q": PerCall("cu_seqlens_q") if c.varlen else 0,
-        "cu_seqlens_k": PerCall("cu_seqlens_k") if packed_k else 0,
-        "seqused_q": PerCall("seqused_q") if c.seqused_q else 0,
-        "seqused_k": PerCall("seqused_k") if c.seqused_k else 0,
+        "trace_ptr": _PER_CALL["trace_ptr"] if c.trace else 0,
+        "cu_seqlens_q": _PER_CALL["cu_seqlens_q"] if c.varlen else 0,
+        "cu_seqlens_k": _PER_CALL["cu_seqlens_k"] if packed_k else 0,
+        "seqused_q": _PER_CALL["seqused_q"] if c.seqused_q else 0,
+        "seqused_k": _PER_CALL["seqused_k"] if c.seqused_k else 0,
         "seq_mode": _seq_mode(c, packed_k, compact),
         "window_left": c.window_left if c.window_left >= 0 else unbounded,
         "window_right": c.window_right if c.window_right >= 0 else unbounded,
         "q_stride_s": c.q[1][1], "q_stride_h": c.q[1][2],
         "q_stride_b": 0 if c.varlen else c.q[1][0],
-        "k_ptr": PerCall("k_ptr"), "k_stride_s": c.k[1][1], "k_stride_h": c.k[1][2],
+        "k_ptr": _PER_CALL["k_ptr"], "k_stride_s": c.k[1][1], "k_stride_h": c.k[1][2],
         "k_stride_b": 0 if packed_k else c.k[1][0],
-        "v_ptr": PerCall("v_ptr"), "v_stride_s": c.v[1][1], "v_stride_h": c.v[1][2],
+        "v_ptr": _PER_CALL["v_ptr"], "v_stride_s": c.v[1][1], "v_stride_h": c.v[1][2],
         "v_stride_b": 0 if packed_k else c.v[1][0],
-        "page_table": PerCall("page_table") if c.paged else 0,
+        "page_table": _PER_CALL["page_table"] if c.paged else 0,
         "page_size": k_rows if c.paged else 0,
         "pages_per_seq": c.page_table[0][1] if c.paged else 0,
         "page_table_stride": c.page_table[1][0] if c.paged else 0,
@@ -597,8 +614,8 @@ def plan(c: CallSpec, manifest, device: DeviceInfo, kernel: str | None = None) -
     acc_shapes = ()
     if split:
         cname, crec = combine_kernel(manifest, c.dtype, d)
-        cvalues = {"oacc_ptr": PerCall("oacc_ptr"), "lseacc_ptr": PerCall("lseacc_ptr"),
-                   "o_ptr": PerCall("o_ptr"), "lse_ptr": PerCall("lse_ptr"), **strides,
+        cvalues = {"oacc_ptr": _PER_CALL["oacc_ptr"], "lseacc_ptr": _PER_CALL["lseacc_ptr"],
+                   "o_ptr": _PER_CALL["o_ptr"], "lse_ptr": _PER_CALL["lse_ptr"], **strides,
                    "num_splits": splits, "acc_rows": acc_rows,
                    "seqlen_q": q_rows if c.varlen else sq, "num_heads": h}
         cgrid = (grid_size(crec["launch"]["grid"], acc_rows * h, sms), 1, 1)

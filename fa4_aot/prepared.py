@@ -185,14 +185,24 @@ def scratch_layout(shapes) -> tuple:
 
 def build(p, a: Args, stream, manifest, e: PreparedCall | None = None) -> PreparedCall:
     """The prepared call of plan ``p``; ``e``: a prepared call of the same kernels (another
-    call of the form) to retarget instead, its launchers taking the new parameters."""
+    call of its form, :func:`fa4_aot.interface._form_key`) to retarget instead: what the form
+    fixes stays, its launchers take the new parameters (a launcher whose values, grid and
+    descriptors are the same is left as it is), its scratch views stay while their shapes do."""
     c, q, device = p.call, a.q, a.q.device
-    launchers_of = e.launchers if e is not None else None
-    e = e or PreparedCall()
+    if e is None:
+        e, old = PreparedCall(), None
+        e.out_dtype = validate.out_dtype(q)
+        e.varlen = c.varlen
+        e.pool_key, e.scratch_shapes = (device.index, stream), None
+        # any optional input (varlen, serving, trace, FP8 descales): which ones is fixed per key
+        e.inputs = any(getattr(a, f) is not None for f in _ARG_OF_SLOT
+                       if f not in (None, "q", "k", "v"))
+        e.q8_heads_k = c.heads_k if p.q_quantized else 0
+    else:
+        old = e.launchers
     e.key, e.stamp = None, 0
-    e.plan, e.out_shape, e.lse_shape, e.mode = p, p.out_shape, p.lse_shape, p.mode
-    e.out_dtype = validate.out_dtype(q)
-    e.varlen, e.total_q, e.total_k = c.varlen, c.q[0][1], c.k[0][1]
+    e.out_shape, e.lse_shape, e.mode = p.out_shape, p.lse_shape, p.mode
+    e.total_q, e.total_k = c.q[0][1], c.k[0][1]
     e.max_q, e.max_k = a.max_seqlen_q, a.max_seqlen_k
     e.acc_shapes = p.acc_shapes
     # q contiguous (a property of its shape and strides, i.e. of the key): empty_like(q) is a
@@ -200,18 +210,15 @@ def build(p, a: Args, stream, manifest, e: PreparedCall | None = None) -> Prepar
     e.out_like_q = (q.is_contiguous() and tuple(q.shape[-3:]) == p.out_shape[-3:]
                     and e.out_dtype == q.dtype)
     e.keep_lse = p.mode == _planner.LAUNCH and math.prod(p.lse_shape) * 4 <= LSE_SCRATCH_BYTES
-    e.scratch_shapes = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
-    e.pool_key, e.pool, e.pooled = (device.index, stream), None, None
-    # any optional input (varlen, serving, trace, FP8 descales): which ones is fixed per key
-    e.inputs = any(getattr(a, f) is not None for f in _ARG_OF_SLOT
-                   if f not in (None, "q", "k", "v"))
+    scratch = (p.lse_shape if e.keep_lse else (0,),) + tuple(p.acc_shapes)
+    if scratch != e.scratch_shapes:  # carved at the next call
+        e.scratch_shapes, e.pool, e.pooled = scratch, None, None
     views = {name: TensorView(view[0], view[1], size, t.data_ptr(), f"{name}_ptr")
              for name, view, t, size in (
                  ("q", p.q_quantized or c.q, q, 1 if p.q_quantized else q.element_size()),
                  ("k", c.k, a.k, a.k.element_size()),
                  ("v", p.v_transposed or c.v, a.v, a.v.element_size()))}
     e.vt_rows = p.v_transposed[0][1] if p.v_transposed else 0
-    e.q8_heads_k = c.heads_k if p.q_quantized else 0
     launchers, launches = [], []
     for i, kl in enumerate(p.launches):
         launch, values = kl.record["launch"], kl.values
@@ -219,15 +226,18 @@ def build(p, a: Args, stream, manifest, e: PreparedCall | None = None) -> Prepar
             values = {**values, "sched_ptr": counter(device, stream).data_ptr()}
             kl = kl._replace(values=values)
         launches.append(kl)
+        layout = runtime.param_layout(kl.name, launch["params"])
+        if old is not None:
+            x = old[i]
+            was = e.plan.launches[i]
+            if was.values != values or was.grid != kl.grid or layout.tmaps:
+                x.retarget(layout.template(values, views), kl.grid)
+            launchers.append(x)
+            continue
         kernel = runtime.get_kernel(device.index, kl.name, manifest.cubin_bytes(kl.name),
                                     kl.record)
-        template = runtime.param_layout(kl.name, launch["params"]).template(values, views)
-        if launchers_of is not None:
-            launchers_of[i].retarget(template, kl.grid)
-            launchers.append(launchers_of[i])
-            continue
-        launchers.append(runtime.Launcher(kernel, template, kl.grid, launch["block"],
-                                          launch["dynamic_smem_bytes"], stream,
+        launchers.append(runtime.Launcher(kernel, layout.template(values, views), kl.grid,
+                                          launch["block"], launch["dynamic_smem_bytes"], stream,
                                           launch.get("cluster")))
     e.launchers = tuple(launchers)
     e.plan = p._replace(launches=tuple(launches))  # as launched: the counter's address in place

@@ -118,9 +118,12 @@ _UNKNOWN = object()
 def tma_view(param: dict, shape, stride, elem_bytes: int) -> tuple:
     """(dims, byte strides) of the descriptor a ``tensormap`` parameter describes, for a
     (b, s, h, d) tensor of this shape and element stride."""
-    axes = [AXES[d] for d in param["dims"]]
-    return (tuple(shape[a] for a in axes),
-            tuple(stride[a] * elem_bytes for a in axes[1:]))
+    return _view(tuple(AXES[d] for d in param["dims"]), shape, stride, elem_bytes)
+
+
+def _view(axes: tuple, shape, stride, elem_bytes: int) -> tuple:
+    return (tuple([shape[a] for a in axes]),
+            tuple([stride[a] * elem_bytes for a in axes[1:]]))
 
 
 def resolve_box(param: dict, values: dict) -> dict:
@@ -131,15 +134,17 @@ def resolve_box(param: dict, values: dict) -> dict:
     return {**param, "box": [values[x] if isinstance(x, str) else x for x in param["box"]]}
 
 
+def _modes(param) -> tuple:
+    return param["dtype"], param["swizzle"], param["l2_promotion"], param["oob_fill"]
+
+
 def _settings_key(param, dims, strides):
-    return (dims, strides, param["dtype"], tuple(param["box"]), param["swizzle"],
-            param["l2_promotion"], param["oob_fill"])
+    return dims, strides, tuple(param["box"]), _modes(param)
 
 
 def _layout_key(param):
     """What the descriptor's byte layout can depend on, less the tensor's dims and strides."""
-    return (param["dtype"], len(param["dims"]), tuple(param["box"]), param["swizzle"],
-            param["l2_promotion"], param["oob_fill"])
+    return len(param["dims"]), tuple(param["box"]), _modes(param)
 
 
 _ENCODE_ARGS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
@@ -245,8 +250,11 @@ def tensormap_template(param: dict, dims: tuple, strides: tuple, address: int):
     (else it is located again). Images are kept per (dims, strides, settings) (LRU), so a
     descriptor seen before is only patched. With no such field the image goes to the
     per-address cache the launcher re-encodes through (:func:`tensormap_image`)."""
-    key = _settings_key(param, dims, strides)
-    layout = _layout_key(param)
+    return _tensormap_template(param, dims, strides, address, _settings_key(param, dims, strides),
+                               _layout_key(param))
+
+
+def _tensormap_template(param, dims, strides, address, key, layout):
     with _lock:
         off = _fields.get(layout, _UNKNOWN)
         image = _images.get(key)
@@ -312,6 +320,33 @@ class Template(NamedTuple):
     tmap_patches: tuple  # (byte offset, param, dims, strides, slot): re-encoded per call
 
 
+class _Tmap:
+    """A ``tensormap`` parameter of a layout, worked out once for :meth:`ParamLayout.template`:
+    its offset, the tensor it describes, the (b, s, h, d) axes of its dims (:func:`tma_view`),
+    its modes (:func:`_modes`) and its box (an entry may name a launch value:
+    :func:`resolve_box`)."""
+
+    __slots__ = ("offset", "param", "tensor", "axes", "modes", "box", "named", "_by_box")
+
+    def __init__(self, offset: int, param: dict):
+        self.offset, self.param, self.tensor = offset, param, param["tensor"]
+        self.axes = tuple(AXES[d] for d in param["dims"])
+        self.modes = _modes(param)
+        self.box = tuple(param["box"])
+        self.named = any(isinstance(x, str) for x in self.box)
+        self._by_box = {}  # resolved box -> the record with it (resolve_box's)
+
+    def resolved(self, values: dict):
+        """(the record with its box resolved, the box as numbers)."""
+        if not self.named:
+            return self.param, self.box
+        box = tuple([values[x] if isinstance(x, str) else x for x in self.box])
+        p = self._by_box.get(box)
+        if p is None:
+            p = self._by_box[box] = resolve_box(self.param, values)
+        return p, box
+
+
 class ParamLayout:
     """How one kernel's parameters are laid out and packed, worked out once per launch record.
 
@@ -323,13 +358,13 @@ class ParamLayout:
         self.params = params
         self.offsets, pos = [], 0
         self.fields = []  # (offset, Struct, value names, cast, kind) for scalars and tuples
-        self.tensormaps = []  # (offset, param)
+        self.tmaps = []  # the tensormap parameters (_Tmap)
         for p in params:
             pos = (pos + 63) & ~63
             self.offsets.append(pos)
             kind = p["kind"]
             if kind == "tensormap":
-                self.tensormaps.append((pos, p))
+                self.tmaps.append(_Tmap(pos, p))
                 size = TMAP_BYTES
             elif kind == "i32_tuple":
                 st = struct.Struct(f"<{len(p['values'])}i")
@@ -364,9 +399,9 @@ class ParamLayout:
         buf = (ctypes.c_char * self.size)()
         for off, st, names, cast, _ in self.fields:
             st.pack_into(buf, off, *[cast(values[n]) for n in names])
-        for off, p in self.tensormaps:
-            p = resolve_box(p, values)
-            buf[off:off + TMAP_BYTES] = tensormap_bytes(p, tensors[p["tensor"]])
+        for t in self.tmaps:
+            p = resolve_box(t.param, values)
+            buf[t.offset:t.offset + TMAP_BYTES] = tensormap_bytes(p, tensors[t.tensor])
         return buf
 
     def template(self, values: dict, views: dict) -> Template:
@@ -388,16 +423,18 @@ class ParamLayout:
             what = ("only pointer parameters take a per-call value"
                     if any(isinstance(x, PerCall) for _, x in bad) else str(e))
             raise ValueError(f"{[n for n, _ in bad]}: {what}") from None
-        for off, p in self.tensormaps:
-            p = resolve_box(p, values)
-            tv = views[p["tensor"]]
-            dims, strides = tma_view(p, tv.shape, tv.stride, tv.elem_bytes)
-            image, field = tensormap_template(p, dims, strides, tv.address)
-            buf[off:off + TMAP_BYTES] = image
+        for t in self.tmaps:
+            tv = views[t.tensor]
+            dims, strides = _view(t.axes, tv.shape, tv.stride, tv.elem_bytes)
+            p, box = t.resolved(values)
+            image, field = _tensormap_template(  # p's _settings_key and _layout_key
+                p, dims, strides, tv.address, (dims, strides, box, t.modes),
+                (len(dims), box, t.modes))
+            buf[t.offset:t.offset + TMAP_BYTES] = image
             if field is not None:
-                ptr_patches.append((off + field, tv.slot))
+                ptr_patches.append((t.offset + field, tv.slot))
             else:
-                tmap_patches.append((off, p, dims, strides, tv.slot))
+                tmap_patches.append((t.offset, p, dims, strides, tv.slot))
         return Template(bytes(buf), tuple(self.offsets), tuple(ptr_patches), tuple(tmap_patches))
 
 
