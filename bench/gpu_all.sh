@@ -3,7 +3,9 @@
 #   bash bench/gpu_all.sh OUTDIR [step ...]
 # steps (default: tests sweep memcheck): tests (the GPU suite, pytest), sweep (python -m
 # fa4_aot.sweep, 100 cases a family + one call per kernel), memcheck (bench/memcheck_sweep.sh),
-# sanitize (bench/sanitize.sh: racecheck/synccheck/memcheck on the scheduler edge cases).
+# sanitize (bench/sanitize.sh: racecheck/synccheck/memcheck on the scheduler edge cases),
+# host (bench/host_breakdown.py: a call's host time, a length change against a memo hit),
+# fp8 (bench/bench_decode.py --set fp8 into OUTDIR/bench_<card>.json, a copy of docs' file).
 # Prints a short verdict per step last; OUTDIR/gpu_logs.tar.gz holds every log.
 set -u
 out=${1:?usage: bash bench/gpu_all.sh OUTDIR [step ...]}
@@ -26,6 +28,13 @@ for step in $steps; do
               line=$(tail -1 "$out/logs/memcheck.log") ;;
     sanitize) bash bench/sanitize.sh "$out/logs" > "$out/logs/sanitize.log" 2>&1; rc=$?
               line=$(tail -1 "$out/logs/sanitize.log") ;;
+    host) python3 bench/host_breakdown.py --n "${HOST_CALLS:-5000}" > "$out/logs/host.log" 2>&1
+          rc=$?; line=$(tail -3 "$out/logs/host.log" | tr -s ' ' | paste -sd';') ;;
+    fp8) card=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
+         cp "docs/bench_$card.json" "$out/" 2>/dev/null
+         python3 bench/bench_decode.py --set fp8 --json "$out/bench_$card.json" \
+           > "$out/logs/fp8.log" 2>&1; rc=$?
+         line=$(tail -1 "$out/logs/fp8.log") ;;
     *) echo "unknown step $step"; rc=2; line="" ;;
   esac
   verdicts+=("$step rc=$rc $(( $(date +%s) - start )) s :: $line")
