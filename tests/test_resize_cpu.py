@@ -84,6 +84,29 @@ def test_alternating_lengths_stay_memo_hits(monkeypatch):
     assert not builds and len(drv.launches) > before
 
 
+def test_retargeted_calls_launch_with_their_own_scratch(monkeypatch):
+    """Decode steps across a change of split count (960 keys: 15 blocks of 64, no split; 961:
+    16 blocks, 2 splits): a retarget keeps the scratch views while their shapes stay, carves
+    new ones when they change, and every launch writes its partials into the views it holds."""
+    from fa4_aot import runtime
+    drv = fakecuda.install(monkeypatch)
+    flat = torch.randn(HK * 1000 * D).bfloat16()
+    q = torch.randn(1, 1, H, D).bfloat16()
+    slot = runtime.SLOT["oacc_ptr"]
+    splits = []
+    for n in range(950, 975):
+        fa4_aot.attention(q, _kv(flat, n), _kv(flat, n), causal=True)
+        e = interface.prepared_calls()[-1]
+        assert [tuple(v.shape) for v in e.pooled] == list(e.scratch_shapes), n
+        splits.append(e.plan.launches[0].values["num_splits"])
+        words = [i for i, s in e.launchers[0].patches if s == slot]
+        assert len(words) == (splits[-1] > 1), n
+        if words:  # the partials' address the main kernel was launched with
+            sent = drv.launches[-len(e.launchers)]["buffer"][words[0] * 8:words[0] * 8 + 8]
+            assert struct.unpack("<Q", sent)[0] == e.pooled[1].data_ptr(), n
+    assert splits[:11] == [1] * 11 and splits[11:] == [2] * 14
+
+
 def test_resized_calls_are_still_checked(monkeypatch):
     fakecuda.install(monkeypatch)
     flat = torch.randn(HK * 3000 * D).bfloat16()
