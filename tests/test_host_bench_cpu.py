@@ -85,3 +85,13 @@ def test_fresh_file(tmp_path):
 def test_unknown_group(bad):
     with pytest.raises(ValueError):
         bl.build_cases(bad)
+
+
+def test_host_breakdown_length_change_runs_on_the_cpu(capsys):
+    """``bench/host_breakdown.py --cpu``: the length-change table without a GPU (a smoke run;
+    no figure is checked)."""
+    import host_breakdown
+    host_breakdown.main(["--cpu", "--n", "20"])
+    out = capsys.readouterr().out
+    assert "CPU tensors, fake driver" in out
+    assert "(retargeted)" in out and "prepared in full" in out
