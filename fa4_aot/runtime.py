@@ -138,13 +138,15 @@ def _modes(param) -> tuple:
     return param["dtype"], param["swizzle"], param["l2_promotion"], param["oob_fill"]
 
 
-def _settings_key(param, dims, strides):
-    return dims, strides, tuple(param["box"]), _modes(param)
+def _keys(dims: tuple, strides: tuple, box: tuple, modes: tuple) -> tuple:
+    """(settings key, layout key) of a descriptor: its image is a function of the first; the
+    layout of its bytes (where the address goes) of the second, which leaves out the tensor's
+    dims and strides."""
+    return (dims, strides, box, modes), (len(dims), box, modes)
 
 
-def _layout_key(param):
-    """What the descriptor's byte layout can depend on, less the tensor's dims and strides."""
-    return len(param["dims"]), tuple(param["box"]), _modes(param)
+def _param_keys(param: dict, dims: tuple, strides: tuple) -> tuple:
+    return _keys(dims, strides, tuple(param["box"]), _modes(param))
 
 
 _ENCODE_ARGS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
@@ -214,7 +216,7 @@ def tensormap_image(param: dict, dims: tuple, strides: tuple, address: int) -> b
     """The descriptor for one address, LRU-cached on everything it depends on (the fallback
     when the address field cannot be patched: steady-state callers with a caching allocator
     pass the same buffers again and again)."""
-    key = (address,) + _settings_key(param, dims, strides)
+    key = (address,) + _param_keys(param, dims, strides)[0]
     with _lock:
         hit = _tmap_cache.get(key)
         if hit is not None:
@@ -245,13 +247,13 @@ def address_field(image_a: bytes, address_a: int, image_b: bytes, address_b: int
 
 def tensormap_template(param: dict, dims: tuple, strides: tuple, address: int):
     """(image for ``address``, offset of the address field or None). The field is located once
-    per descriptor layout (:func:`_layout_key`) by a second encode at a probe address
+    per descriptor layout (:func:`_keys`) by a second encode at a probe address
     (:func:`address_field`); every later encode of that layout must hold the address there
     (else it is located again). Images are kept per (dims, strides, settings) (LRU), so a
     descriptor seen before is only patched. With no such field the image goes to the
     per-address cache the launcher re-encodes through (:func:`tensormap_image`)."""
-    return _tensormap_template(param, dims, strides, address, _settings_key(param, dims, strides),
-                               _layout_key(param))
+    return _tensormap_template(param, dims, strides, address,
+                               *_param_keys(param, dims, strides))
 
 
 def _tensormap_template(param, dims, strides, address, key, layout):
@@ -427,9 +429,8 @@ class ParamLayout:
             tv = views[t.tensor]
             dims, strides = _view(t.axes, tv.shape, tv.stride, tv.elem_bytes)
             p, box = t.resolved(values)
-            image, field = _tensormap_template(  # p's _settings_key and _layout_key
-                p, dims, strides, tv.address, (dims, strides, box, t.modes),
-                (len(dims), box, t.modes))
+            image, field = _tensormap_template(p, dims, strides, tv.address,
+                                               *_keys(dims, strides, box, t.modes))
             buf[t.offset:t.offset + TMAP_BYTES] = image
             if field is not None:
                 ptr_patches.append((t.offset + field, tv.slot))
